@@ -1,0 +1,33 @@
+import glob
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def model_names():
+    return sorted(os.path.basename(p)[6:-3] for p in glob.glob(os.path.join(ROOT, "model_*.py")))
+
+
+def model_cases():
+    """(model name, variant name, config overrides) for every model file and each of its VARIANTS."""
+    cases = []
+    for name in model_names():
+        module = importlib.import_module(f"model_{name}")
+        cases.append((name, "default", {}))
+        cases += [(name, v, overrides) for v, overrides in getattr(module, "VARIANTS", {}).items()]
+    return cases
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """The real offline data set, made by prepare.py once per test session."""
+    out = tmp_path_factory.mktemp("data")
+    subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--out_dir", str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    return str(out)

@@ -1,0 +1,134 @@
+"""The scripts end to end on the offline data set, and every bad input ending in one clear line."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
+        "--batch_size=4", "--eval_iters=2", "--device=cpu"]
+
+
+def run(script, *args):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def one_line_error(proc, *words):
+    code, _, err = proc
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run_dir(data_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("run") / "vanilla")
+    code, _, err = run("train.py", "--data_dir", data_dir, "--out_dir", out, "--max_iters=20",
+                       "--eval_interval=10", *TINY)
+    assert code == 0, err
+    return out
+
+
+def test_train_writes_checkpoint_and_log(run_dir):
+    ckpt = torch.load(os.path.join(run_dir, "ckpt.pt"), weights_only=False)
+    assert ckpt["model_name"] == "vanilla" and ckpt["iter_num"] == 20
+    assert ckpt["meta"]["tokenizer"] == "byte" and ckpt["model_args"]["vocab_size"] == ckpt["meta"]["vocab_size"]
+    records = [json.loads(l) for l in open(os.path.join(run_dir, "log.jsonl"))]
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(vals) == 3 and vals[-1] < vals[0]
+
+
+def test_sample_generates_text(run_dir):
+    code, out, err = run("sample.py", "--out_dir", run_dir, "--start", "ROMEO:", "--num_samples=2",
+                         "--max_new_tokens=50", "--top_p=0.9", "--temperature=0.7")
+    assert code == 0, err
+    samples = out.split("---------------")
+    assert len(samples) == 3 and all(s.strip().startswith("ROMEO:") for s in samples[:2])
+
+
+def test_sample_prompt_from_file(run_dir, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("JULIET:\n")
+    code, out, err = run("sample.py", "--out_dir", run_dir, f"--start=FILE:{prompt}", "--num_samples=1",
+                         "--max_new_tokens=5", "--temperature=0")
+    assert code == 0 and out.startswith("JULIET:\n"), err
+
+
+def test_eval_whole_split_and_logit_lens(run_dir, data_dir):
+    code, out, err = run("eval.py", "--out_dir", run_dir, "--logit_lens", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    meta = json.load(open(os.path.join(data_dir, "shakespeare", "meta.json")))
+    assert result["tokens"] == meta["val_tokens"] - 1  # every token but the first is predicted once
+    assert abs(result["perplexity"] - torch.tensor(result["loss"]).exp().item()) < 1e-3
+    lens = result["logit_lens"]
+    assert [r["layer"] for r in lens] == [1, 2]
+    assert abs(lens[-1]["loss"] - result["loss"]) < 1e-4  # vanilla's head reads the last layer
+    assert all(0 < r["p_correct"] < 1 for r in lens)
+    code, out, _ = run("eval.py", "--out_dir", run_dir, "--tokens=100", "--json")
+    assert code == 0 and json.loads(out)["tokens"] == 100
+
+
+# ---- bad input: one line naming the fix, non-zero exit, nothing saved lost ---------------------------------
+
+def test_unknown_model():
+    one_line_error(run("train.py", "--model", "nope"), "unknown model", "vanilla")
+
+
+def test_unknown_option_and_wrong_type():
+    one_line_error(run("train.py", "--no_such_option=1"), "unrecognized", "--no_such_option")
+    one_line_error(run("train.py", "--max_iters", "ten"), "--max_iters", "invalid int")
+    one_line_error(run("sample.py", "--num_samples", "x"), "--num_samples")
+
+
+def test_model_options_follow_the_model():
+    code, out, _ = run("train.py", "--model", "vanilla", "--help")
+    assert code == 0 and "--n_layer" in out and "--max_iters" in out and "(default: 1000)" in out
+
+
+def test_missing_data(tmp_path):
+    one_line_error(run("train.py", "--data_dir", tmp_path, "--out_dir", tmp_path / "o"), "prepare.py")
+
+
+def test_existing_run_is_not_overwritten(run_dir, data_dir):
+    before = os.path.getmtime(os.path.join(run_dir, "ckpt.pt"))
+    one_line_error(run("train.py", "--data_dir", data_dir, "--out_dir", run_dir, *TINY), "--resume")
+    assert os.path.getmtime(os.path.join(run_dir, "ckpt.pt")) == before
+
+
+def test_resume_with_another_model(run_dir, data_dir):
+    one_line_error(run("train.py", "--model", "vertical", "--resume", "--data_dir", data_dir, "--out_dir", run_dir),
+                   "--model vanilla")
+
+
+def test_checkpoint_that_does_not_fit_its_model_file(run_dir, tmp_path):
+    ckpt = torch.load(os.path.join(run_dir, "ckpt.pt"), weights_only=False)
+    ckpt["model_args"]["n_layer"] = 3  # as if model_vanilla.py had built a different network
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    one_line_error(run("sample.py", "--out_dir", tmp_path), "does not fit model_vanilla.py")
+    one_line_error(run("eval.py", "--out_dir", tmp_path), "does not fit model_vanilla.py")
+    one_line_error(run("sample.py", "--out_dir", tmp_path / "nothing"), "no checkpoint")
+
+
+def test_empty_and_over_long_prompt(run_dir):
+    one_line_error(run("sample.py", "--out_dir", run_dir, "--start="), "empty")
+    one_line_error(run("sample.py", "--out_dir", run_dir, "--start", "x" * 40), "40 tokens", "32")
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "nan"
+    args = ["--data_dir", data_dir, "--out_dir", out, "--eval_interval=2", "--decay_lr=false", *TINY]
+    assert run("train.py", *args, "--max_iters=2")[0] == 0
+    good = torch.load(out / "ckpt.pt", weights_only=False)
+    line = one_line_error(run("train.py", *args, "--max_iters=40", "--resume", "--learning_rate=1e30",
+                              "--grad_clip=0"), "loss", "checkpoint")
+    kept = torch.load(out / "ckpt.pt", weights_only=False)
+    assert kept["iter_num"] == good["iter_num"] == 2, line
+    assert all(torch.equal(good["model"][k], kept["model"][k]) for k in good["model"])

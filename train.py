@@ -1,0 +1,474 @@
+"""
+The one trainer for every model file.
+
+    python train.py --model vanilla                          # one process (CPU, one GPU)
+    python train.py config/vertical_50m.py --max_iters=100   # a preset file, then overrides
+    torchrun --standalone --nproc_per_node=8 train.py --model vertical
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
+
+`--model NAME` loads model_NAME.py; every field of that file's GPTConfig is an option too (`--n_layer 12`,
+`--va_lr 0.01`). `python train.py --model NAME --help` lists them all with their defaults.
+As in nanoGPT, --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N.
+"""
+import argparse
+import dataclasses
+import glob
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+# size presets from seed 000 Table 2 (the paper's names; the counts change with the vocabulary)
+SIZES = {
+    "50m": dict(n_embd=192, ffn_hidden=768, n_head=3, n_layer=6, n_kv_head=1),
+    "100m": dict(n_embd=384, ffn_hidden=1536, n_head=6, n_layer=8, n_kv_head=3),
+    "300m": dict(n_embd=768, ffn_hidden=3072, n_head=12, n_layer=12, n_kv_head=4),
+}
+
+# dense bf16 peak FLOP/s by GPU name, for MFU; the first name found in the device's name wins
+PEAK_FLOPS = [
+    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
+]
+
+TRAIN_DEFAULTS = dict(
+    # I/O
+    model="vanilla",          # loads model_<model>.py
+    out_dir="out",            # checkpoint, log file
+    resume=False,             # continue the run saved in out_dir
+    size="",                  # model size preset: 50m, 100m or 300m ("" = the model file's defaults)
+    dataset="shakespeare",    # data/<dataset>/{train,val}.bin from prepare.py
+    data_dir="data",
+    # optimisation
+    max_iters=1000,
+    batch_size=16,            # sequences per micro-step per process
+    gradient_accumulation_steps=1,
+    learning_rate=1e-3,
+    weight_decay=0.1,
+    beta1=0.9,
+    beta2=0.95,
+    adam_eps=1e-8,
+    grad_clip=1.0,            # 0 = off
+    decay_lr=True,            # linear warm-up + cosine decay; False = constant lr (seed 000's recipe)
+    warmup_iters=100,
+    lr_decay_iters=0,         # 0 = max_iters
+    min_lr=1e-4,
+    warmup_start=0.0,         # warm-up starts at this fraction of the lr
+    # evaluation and logging
+    eval_interval=250,
+    eval_iters=20,            # validation budget: eval_iters * batch_size windows of block_size tokens
+    log_interval=10,
+    wandb_log=False,
+    wandb_project="layer-connections",
+    wandb_run_name="",
+    # system
+    seed=1337,
+    device="auto",            # auto, cpu, cuda, cuda:1, mps
+    dtype="auto",             # auto (bfloat16 on CUDA where supported, else float32), float32, bfloat16
+    compile=False,
+    peak_flops=0.0,           # device peak FLOP/s for MFU; 0 = look the GPU up in a table
+)
+
+
+class ConfigError(Exception):
+    """A mistake in the user's input, reported as one line."""
+
+
+def fail(message):
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every process fails alike: one line is enough
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# options: train options + the model file's GPTConfig fields, from defaults < preset files < command line
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors as one line (the usage block hides the message)."""
+
+    def error(self, message):
+        fail(f"{message}; see {os.path.basename(sys.argv[0])} --help")
+
+
+def str2bool(s):
+    if isinstance(s, bool):
+        return s
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def load_model_module(name):
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.exists(os.path.join(here, f"model_{name}.py")):
+        known = sorted(os.path.basename(p)[6:-3] for p in glob.glob(os.path.join(here, "model_*.py")))
+        raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(known)}")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(f"model_{name}")
+
+
+def read_config_file(path):
+    values = {}
+    try:
+        exec(open(path).read(), {}, values)
+    except OSError:
+        raise ConfigError(f"cannot read config file {path}")
+    return {k: v for k, v in values.items() if not k.startswith("_")}
+
+
+def parse_args(argv):
+    """Returns (train options, model config, model module). Raises ConfigError on bad input."""
+    files = [a for a in argv if not a.startswith("-") and a.endswith(".py")]
+    rest = [a for a in argv if a not in files]
+    from_files = {}
+    for f in files:
+        from_files.update(read_config_file(f))
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--model", default=from_files.get("model", TRAIN_DEFAULTS["model"]))
+    module = load_model_module(pre.parse_known_args(rest)[0].model)
+    fields = {f.name: f for f in dataclasses.fields(module.GPTConfig)}
+    model_defaults = {name: f.default for name, f in fields.items()}
+
+    defaults = {**TRAIN_DEFAULTS, **model_defaults}
+    unknown = set(from_files) - set(defaults)
+    if unknown:
+        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}")
+    defaults.update(from_files)
+
+    parser = ArgumentParser(
+        description="Train a model_<name>.py on data from prepare.py (preset files: config/*.py).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("config_files", nargs="*", help="preset files (python assignments), applied in order")
+    for name, default in defaults.items():
+        kind = type(model_defaults.get(name, TRAIN_DEFAULTS.get(name)))
+        group = "model" if name in fields else "train"
+        if kind is bool:
+            parser.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=default,
+                                help=f"({group})")
+        else:
+            parser.add_argument(f"--{name}", type=kind, default=default, help=f"({group})")
+    args = vars(parser.parse_args(argv))
+    args.pop("config_files")
+    # a size preset fills the shape fields that neither a preset file nor the command line set
+    explicit = set(from_files) | {a.split("=")[0][2:] for a in rest if a.startswith("--")}
+    if args["size"]:
+        if args["size"] not in SIZES:
+            raise ConfigError(f"unknown --size {args['size']!r}; choose one of: {', '.join(SIZES)}")
+        args.update({k: v for k, v in SIZES[args["size"]].items() if k not in explicit})
+    train_opts = {k: v for k, v in args.items() if k not in fields}
+    model_args = {k: v for k, v in args.items() if k in fields}
+    train_opts["explicit"] = sorted(explicit)
+    return train_opts, model_args, module
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data: windows drawn by a generator seeded from (seed, step), so that ranks never share a window and a
+# resumed run draws exactly the windows the uninterrupted run would have drawn
+
+def read_meta(data_dir, dataset):
+    folder = os.path.join(data_dir, dataset)
+    meta_path = os.path.join(folder, "meta.json")
+    if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
+        raise ConfigError(f"no prepared data in {folder}; run `python prepare.py --dataset {dataset}` first")
+    with open(meta_path) as f:
+        return json.load(f)
+
+
+def open_split(data_dir, dataset, split, meta):
+    # a fresh memmap per call: numpy's memmap otherwise holds pages and leaks memory over long runs
+    return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+def windows(data, offsets, T):
+    x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in offsets.tolist()])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in offsets.tolist()])
+    return x, y
+
+
+def train_offsets(n_tokens, T, seed, step, n_windows):
+    """The offsets of every window of one optimiser step, over all processes and micro-steps."""
+    if n_tokens <= T + 1:
+        raise ConfigError(f"the data holds {n_tokens} tokens, fewer than block_size + 2; lower --block_size")
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(n_tokens - T - 1, (n_windows,), generator=g)
+
+
+@torch.no_grad()
+def evaluate(model, val, T, n_windows, batch_size, rank, world, device, ctx):
+    """Mean loss on a fixed set of validation windows (the same every call), shared out across ranks."""
+    offsets = torch.randint(len(val) - T - 1, (n_windows,), generator=torch.Generator().manual_seed(0))
+    mine = offsets[rank::world]
+    model.eval()
+    total = torch.zeros(2, device=device)  # loss summed over windows, number of windows
+    for i in range(0, len(mine), batch_size):
+        x, y = windows(val, mine[i:i + batch_size], T)
+        with ctx:
+            _, loss = model(x.to(device), y.to(device))
+        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
+    if world > 1:
+        torch.distributed.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints
+
+def unwrap(model):
+    model = model.module if hasattr(model, "module") else model
+    return getattr(model, "_orig_mod", model)
+
+
+def save_checkpoint(path, ckpt):
+    tmp = path + ".tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)  # atomic: a crash mid-write never leaves a half-written ckpt.pt
+
+
+def load_checkpoint(out_dir, device="cpu"):
+    """(model, checkpoint dict) from out_dir/ckpt.pt, or ConfigError with the fix."""
+    path = out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
+    if not os.path.exists(path):
+        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir {out_dir}`")
+    ckpt = torch.load(path, map_location=device, weights_only=False)
+    module = load_model_module(ckpt["model_name"])
+    model = build_model(module, ckpt["model_args"], path)
+    load_state(model, ckpt["model"], ckpt["model_name"], path)
+    return model.to(device), ckpt
+
+
+def build_model(module, model_args, path):
+    known = {f.name for f in dataclasses.fields(module.GPTConfig)}
+    extra = set(model_args) - known
+    if extra:
+        raise ConfigError(f"{path} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
+                          "does not know; it was saved by another version of that file")
+    return module.GPT(module.GPTConfig(**model_args))
+
+
+def load_state(model, state, model_name, path):
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[1].strip() if "\n" in str(e) else str(e)
+        raise ConfigError(f"{path} does not fit model_{model_name}.py ({first[:200]}); "
+                          "it was saved by another version of that file")
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def lr_factor(it, o):
+    if not o["decay_lr"]:
+        return 1.0
+    decay_iters = o["lr_decay_iters"] or o["max_iters"]
+    if it < o["warmup_iters"]:
+        return o["warmup_start"] + (1 - o["warmup_start"]) * it / o["warmup_iters"]
+    if it >= decay_iters:
+        return o["min_lr"] / o["learning_rate"]
+    progress = (it - o["warmup_iters"]) / max(1, decay_iters - o["warmup_iters"])
+    floor = o["min_lr"] / o["learning_rate"]
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
+
+
+def peak_flops(device, o):
+    if o["peak_flops"] > 0:
+        return o["peak_flops"]
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, flops in PEAK_FLOPS:
+            if key in name:
+                return flops
+    return 0.0  # unknown: MFU is not reported
+
+
+def setup_device(o):
+    """(device, rank, local_rank, world) for one process or a torchrun process group."""
+    ddp = "RANK" in os.environ
+    if o["device"] == "auto":
+        o["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if not ddp:
+        return torch.device(o["device"]), 0, 0, 1
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if o["device"].startswith("cuda"):
+        device = torch.device(f"cuda:{local_rank}")
+        torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device(o["device"])
+        torch.distributed.init_process_group("gloo")
+    return device, rank, local_rank, world
+
+
+def main(argv):
+    o, model_args, module = parse_args(argv)
+    device, rank, _, world = setup_device(o)
+    master = rank == 0
+    if o["gradient_accumulation_steps"] % world:
+        raise ConfigError(f"--gradient_accumulation_steps {o['gradient_accumulation_steps']} is not a multiple "
+                          f"of the {world} processes; make it one")
+    accum = o["gradient_accumulation_steps"] // world
+    if o["dtype"] == "auto":
+        o["dtype"] = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if o["dtype"] not in ("float32", "bfloat16"):
+        raise ConfigError(f"--dtype {o['dtype']} is not supported; use auto, float32 or bfloat16")
+    ptdtype = torch.float32 if o["dtype"] == "float32" else torch.bfloat16
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device.type, dtype=ptdtype)
+    torch.manual_seed(o["seed"] + rank)
+
+    meta = read_meta(o["data_dir"], o["dataset"])
+    ckpt_path = os.path.join(o["out_dir"], "ckpt.pt")
+    ckpt = None
+    if o["resume"]:
+        if not os.path.exists(ckpt_path):
+            raise ConfigError(f"--resume found no checkpoint at {ckpt_path}; drop --resume to start a new run")
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ckpt["model_name"] != o["model"]:
+            raise ConfigError(f"{ckpt_path} was trained with --model {ckpt['model_name']}, not {o['model']}; "
+                              f"pass --model {ckpt['model_name']} or choose another --out_dir")
+        model_args = ckpt["model_args"]  # the architecture is the checkpoint's
+    elif os.path.exists(ckpt_path):
+        raise ConfigError(f"{o['out_dir']} already holds a checkpoint; pass --resume to continue it "
+                          "or choose another --out_dir")
+    else:
+        if "vocab_size" not in o["explicit"]:
+            model_args["vocab_size"] = meta["vocab_size"]
+        if model_args["vocab_size"] < meta["vocab_size"]:
+            raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
+                              f"{meta['vocab_size']}; drop the option")
+
+    model = build_model(module, model_args, ckpt_path).to(device)
+    raw_model = model
+    groups = raw_model.param_groups(o["weight_decay"])
+    for g in groups:
+        g.setdefault("lr", o["learning_rate"])
+        g["base_lr"] = g["lr"]  # the schedule scales every group's own lr by the same factor
+    fused = device.type == "cuda"
+    optimizer = torch.optim.AdamW(groups, lr=o["learning_rate"], betas=(o["beta1"], o["beta2"]),
+                                  eps=o["adam_eps"], fused=fused)
+    iter_num, best_val = 0, float("inf")
+    if ckpt is not None:
+        load_state(raw_model, ckpt["model"], o["model"], ckpt_path)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        for g, fresh in zip(optimizer.param_groups, groups):
+            g["base_lr"] = fresh["base_lr"]  # a resumed run follows this run's --learning_rate options
+        iter_num, best_val = ckpt["iter_num"], ckpt["best_val_loss"]
+        torch.set_rng_state(ckpt["rng"]["torch"][rank % len(ckpt["rng"]["torch"])])
+    if o["compile"]:
+        model = torch.compile(model)
+    eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    T, B = model_args["block_size"], o["batch_size"]
+    n_params = sum(p.numel() for p in raw_model.parameters())
+    peak = peak_flops(device, o)
+    log_path = os.path.join(o["out_dir"], "log.jsonl")
+    wandb = None
+    if master:
+        os.makedirs(o["out_dir"], exist_ok=True)
+        print(f"model_{o['model']}.py: {n_params:,} parameters | {world} process(es) x {accum} micro-steps x "
+              f"{B} x {T} tokens | {device} {o['dtype']}")
+        if o["wandb_log"]:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
+            wandb.init(project=o["wandb_project"], name=o["wandb_run_name"] or None, config={**o, **model_args})
+
+    def log(record):
+        if master:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if wandb is not None:
+                wandb.log(record, step=record["iter"])
+
+    from tqdm import tqdm
+    bar = tqdm(total=o["max_iters"], initial=iter_num, disable=not master, dynamic_ncols=True)
+    train_time, tokens_since = 0.0, 0  # tokens/s counts training steps only, not evaluation
+    while True:
+        if iter_num % o["eval_interval"] == 0 or iter_num >= o["max_iters"]:
+            val = open_split(o["data_dir"], o["dataset"], "val", meta)
+            val_loss = evaluate(eval_model, val, T, o["eval_iters"] * B, B, rank, world, device, ctx)
+            if not math.isfinite(val_loss):
+                raise ConfigError(f"validation loss is {val_loss} at step {iter_num}; the last good checkpoint "
+                                  "is kept; lower --learning_rate or use --dtype float32")
+            stats = raw_model.stats() if hasattr(raw_model, "stats") else {}
+            record = {"iter": iter_num, "val_loss": val_loss, **stats}
+            log(record)
+            best_val = min(best_val, val_loss)
+            if master:
+                bar.write(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+                save_checkpoint(ckpt_path, {
+                    "model_name": o["model"], "model_args": model_args, "train_config": o,
+                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "iter_num": iter_num, "best_val_loss": best_val, "meta": meta,
+                    "rng": {"torch": [torch.get_rng_state()]},
+                })
+        if iter_num >= o["max_iters"]:
+            break
+
+        t0 = time.time()
+        factor = lr_factor(iter_num, o)
+        for g in optimizer.param_groups:
+            g["lr"] = g["base_lr"] * factor
+        train = open_split(o["data_dir"], o["dataset"], "train", meta)
+        offsets = train_offsets(len(train), T, o["seed"], iter_num, world * accum * B)
+        step_loss = torch.zeros((), device=device)
+        for micro in range(accum):
+            x, y = windows(train, offsets[(rank * accum + micro) * B:(rank * accum + micro + 1) * B], T)
+            # gradients are all-reduced only on the last micro-step
+            sync = world == 1 or micro == accum - 1
+            with (nullcontext() if sync else model.no_sync()), ctx:
+                _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                loss = loss / accum
+            loss.backward()
+            step_loss += loss.detach()
+        if world > 1:
+            torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+        if not torch.isfinite(step_loss):
+            raise ConfigError(f"the training loss is {step_loss.item()} at step {iter_num}; the last good "
+                              f"checkpoint in {o['out_dir']} is kept; lower --learning_rate or use --dtype float32")
+        if o["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if hasattr(raw_model, "after_step"):
+            raw_model.after_step()
+        iter_num += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        train_time += time.time() - t0
+        tokens_since += world * accum * B * T
+        bar.update(1)
+        if iter_num % o["log_interval"] == 0:
+            tok_s = tokens_since / train_time
+            record = {"iter": iter_num, "loss": step_loss.item(), "lr": o["learning_rate"] * factor,
+                      "tok_per_s": tok_s}
+            if peak:
+                record["mfu"] = raw_model.flops_per_token(T) * tok_s / (peak * world)
+            log(record)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{tok_s:,.0f}",
+                            **({"mfu": f"{100 * record['mfu']:.1f}%"} if peak else {}))
+            train_time, tokens_since = 0.0, 0
+    bar.close()
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ConfigError as e:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        fail(str(e))
