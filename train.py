@@ -253,7 +253,14 @@ def build_model(module, model_args, path):
     if extra:
         raise ConfigError(f"{path} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
                           "does not know; it was saved by another version of that file")
-    return module.GPT(module.GPTConfig(**model_args))
+    n_embd, n_head, n_kv_head = model_args["n_embd"], model_args["n_head"], model_args["n_kv_head"]
+    if n_embd % n_head or n_head % n_kv_head or (n_embd // n_head) % 2:
+        raise ConfigError(f"n_embd {n_embd}, n_head {n_head}, n_kv_head {n_kv_head} do not fit: n_head must divide "
+                          "n_embd into an even head size, and n_kv_head must divide n_head")
+    try:
+        return module.GPT(module.GPTConfig(**model_args))
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(f"{module.__name__}.py rejects this configuration: {e}")
 
 
 def load_state(model, state, model_name, path):

@@ -21,8 +21,8 @@ def run(script, *args):
 
 def one_line_error(proc, *words):
     code, _, err = proc
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: "), err
+    lines = [l for l in err.splitlines() if l.startswith("error: ")]  # (a training run's progress bar aside)
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
     assert all(w in lines[0] for w in words), lines[0]
     return lines[0]
 
