@@ -1,0 +1,312 @@
+"""
+Skip-Layer Attention (SLA), and seed 000's ALA(-) baseline as an option.
+
+Paper: ../shared/seeds/001_984bc223411d18cc.txt, "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies
+in Transformers" (Chen et al., 2024). Baselines as seed 000 (000_871b86ab3602ad68.txt, section 4.1) used them.
+
+Everything is model_vanilla.py except which keys and values each query head attends to. With n_l = skip_layers,
+n_h = skip_heads, H query heads, layers l = 1..L, heads i = 1..H (the paper's equation):
+    H_i^l = Att(Q_i^l, K_i^l,       V_i^l)        if l <= n_l or i <= H - n_h
+    H_i^l = Att(Q_i^l, K_i^{l-n_l}, V_i^{l-n_l})  otherwise: the last n_h heads of a layer l > n_l
+K^j, V^j are layer j's keys and values after RoPE (positions are the same in every layer), so a skip head's
+scores are q_t . k_s of the same positions, causal as usual. ALA(-) (`ala_every` = K > 0): only the last layer
+changes; its head i (0-indexed) reads layer L - K*i, head 0 its own layer L. No new parameters in either mode.
+
+Interpretations (METHODS.md "model_skiplayer.py"):
+- The equation writes "h - n_l" for the head split, a typo for n_h (Tables 1-2 vary heads and layers apart).
+- The appendix listing slices the SEQUENCE axis (k[:, :, split:]) and concatenates it with earlier keys on the
+  head axis; we implement the equation: whole heads, every position (tests/test_skiplayer.py pins this).
+- Heads are counted in query heads. Under GQA a skip head reads the KV head its own group would use, but of layer
+  l - n_l. If n_h cuts through a group, K and V are expanded to one head per query head for that layer; if
+  every group reads one layer (always under MHA), K and V stay at H_kv heads and SDPA's GQA path is used.
+- skip_layers = skip_heads = -1 (default) resolve to the paper's recommendation round(3L/4), round(3H/4) with
+  Python's round (halves to even: L = 6 gives 4, as seed 000 chose for 50M). Seed 000's own settings, (4,1),
+  (6,3), (9,6) for 50m/100m/300m, are the config/skiplayer_*.py presets. skip_heads = 0 is model_vanilla.py.
+- ALA(-): a head whose source would lie below layer 1 uses its own layer. With ala_every > 0 the SLA skip is
+  off, whatever skip_layers and skip_heads say (seed 000 ran them as separate baselines).
+- Layers hand their post-RoPE (k, v) down through a list built in GPT.forward; with the key/value cache these
+  are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
+  is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads.
+- depth_map(): the fixed L x L connectivity, entry [l, j] = fraction of layer l's query heads reading layer j.
+
+Extra parameters: 0. MODIFIED names the components that differ from model_vanilla.py.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODIFIED = ("GPTConfig", "CausalSelfAttention", "Block", "GPT")  # components that differ from model_vanilla.py
+VARIANTS = {"mha": dict(n_kv_head=4), "ala": dict(ala_every=1)}  # configurations the contract suite also tests
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
+    block_size: int = 256  # context length
+    n_layer: int = 6
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
+    n_embd: int = 128
+    ffn_hidden: int = 512  # SwiGLU hidden size
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    skip_layers: int = -1  # n_l, the distance a skip head reaches down; -1: round(3 * n_layer / 4)
+    skip_heads: int = -1  # n_h, the last n_h query heads of every layer l > n_l skip; -1: round(3 * n_head / 4)
+    ala_every: int = 0  # K > 0: ALA(-) instead, the last layer's head i reads layer L - K*i
+
+    def __post_init__(self):
+        if self.skip_layers < -1 or not -1 <= self.skip_heads <= self.n_head or self.ala_every < 0:
+            raise ValueError(f"need skip_layers >= -1, -1 <= skip_heads <= n_head ({self.n_head}) and ala_every >= 0, "
+                             f"got {self.skip_layers}, {self.skip_heads}, {self.ala_every}")
+
+    def skip_setting(self):
+        """(n_l, n_h), with -1 resolved here (not at construction) so that changing n_layer/n_head keeps it right."""
+        n_l = round(3 * self.n_layer / 4) if self.skip_layers == -1 else self.skip_layers
+        n_h = round(3 * self.n_head / 4) if self.skip_heads == -1 else self.skip_heads
+        return n_l, n_h
+
+    def head_sources(self):
+        """sources[l][h]: the layer (0-indexed) whose keys and values query head h of layer l attends to."""
+        L, H, K = self.n_layer, self.n_head, self.ala_every
+        sources = [[l] * H for l in range(L)]
+        if K > 0:  # ALA(-): head i of the last layer reads layer L - K*i (1-indexed); below layer 1 its own
+            sources[-1] = [L - 1 - K * i if L - 1 - K * i >= 0 else L - 1 for i in range(H)]
+        else:  # SLA: the last n_h heads of each layer l > n_l (1-indexed) read layer l - n_l
+            n_l, n_h = self.skip_setting()
+            for l in range(n_l, L):
+                sources[l][H - n_h:] = [l - n_l] * n_h
+        return sources
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, for generation."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of tokens already in the cache
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
+        T = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+
+def attention_mask(T, Tk, past, device):
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    if past == 0:
+        return True, None  # plain causal attention: the flash kernel applies
+    if T == 1:
+        return False, None  # a single new token sees every key
+    # a chunk after a non-empty cache: query i sees keys up to past + i
+    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        # which (layer, kv head) fills each head of the K,V this layer attends with
+        sources = config.head_sources()[layer_idx]  # layer read by each query head
+        g = self.n_head // self.n_kv_head
+        if all(sources[h] == sources[h - h % g] for h in range(self.n_head)):  # each GQA group reads one layer
+            self.kv_plan = tuple((sources[j * g], j) for j in range(self.n_kv_head))  # stay at H_kv heads
+        else:  # skip heads cut through a group: one K,V head per query head
+            self.kv_plan = tuple((sources[h], h // g) for h in range(self.n_head))
+        self.reads_other_layers = any(src != layer_idx for src in sources)
+
+    def forward(self, x, cos, sin, cache=None, layer_kv=None):
+        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own."""
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
+        if layer_kv is not None:
+            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's slices)
+        if self.reads_other_layers:  # assemble whole heads from their layers: one SDPA call below still
+            k = torch.cat([layer_kv[src][0][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
+            v = torch.cat([layer_kv[src][1][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
+        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        return self.wo(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, layer_kv=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, layer_kv))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+        B, T = idx.shape
+        past = cache.pos if cache is not None else 0
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        x = self.drop(self.tok_emb(idx))  # (B, T, d)
+        hidden, layer_kv = [], []  # layer_kv[l]: (k, v) of layer l, read by later layers' skip heads
+        for block in self.blocks:
+            x = block(x, cos, sin, cache, layer_kv)
+            hidden.append(x)
+        if cache is not None:
+            cache.pos += T
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        if return_hidden:
+            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+        return logits, loss
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def depth_map(self):
+        """(L, L) fixed connectivity: entry [l, j] is the fraction of layer l's query heads reading layer j's K,V."""
+        sources = torch.tensor(self.config.head_sources())  # (L, H)
+        return F.one_hot(sources, self.config.n_layer).float().mean(1)  # (L, L), rows sum to 1
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+        cache, n_seen = None, 0
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            else:
+                if cache is None or cache.pos >= self.config.block_size:
+                    # (re)fill the cache; past the context length, restart it from the last half context
+                    keep = self.config.block_size if cache is None else self.config.block_size // 2
+                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    n_seen = max(0, idx.size(1) - keep)
+                logits, _ = self(idx[:, n_seen:], cache=cache)
+                n_seen = idx.size(1)
+            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+        return idx
+
+
+def sample_next(logits, temperature, top_k, top_p):
+    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), num_samples=1)
