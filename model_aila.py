@@ -1,0 +1,381 @@
+"""
+AILA: Adaptive Integrated Layered Attention, Architectures 1 and 2, adapted to a causal language model.
+Paper: seeds/003_4b7c30c1de280e82.txt, "Adaptive Integrated Layered Attention (AILA)" (Claster, K M, Gundechia).
+
+The paper stacks 4 LSTM/conv layers; here a "layer" j = 1..L is one unchanged pre-norm block of model_vanilla.py:
+    h~_j = Block_j(h_{j-1}),   h_0 = embedding output.
+Layer j reads the sources h_0..h_{j-1} (layer 1 reads only h_0) and forms a_j from them, per token: a token's
+sources are its own vectors at earlier depths, so causality and the key/value cache are those of vanilla.
+
+Architecture 2 (aila_arch=2, default; eqs. 4-5). H = aila_heads (paper: 1), d_k = aila_dk (paper: 64), per head h:
+    q = W_Q^(h) h~_j,  k_i = W_K^(h) h_i,  v_i = W_V^(h) h_i   (in R^d_k; W_K, W_V shared by the sources of layer j)
+    alpha_i = softmax_i(q . k_i / sqrt(d_k))   over the j sources,     a_j = W_O [ sum_i alpha_i v_i ]_(concat heads)
+  Values have d_k per head, as the paper's 64-wide keys/queries/values; the paper adds a_j (width d_v = 64) to
+  a 64-wide LSTM state directly, our d is wider, so W_O (H d_k -> d) projects it back.
+  Computed by linearity as q.k_i = (W_K^T q).h_i and sum_i alpha_i W_V h_i = W_V (sum_i alpha_i h_i): one key and
+  one value product per layer instead of one per source (the float64 test checks the direct form). A key bias
+  would add the same q.b to every score, so W_K has none. MACs per token: 4 L d H d_k + H d L(L+1). The direct
+  form would cost O(j d H d_k) per token in layer j, 2 d H d_k (L + L(L+1)/2) + H d_k L(L+1) in all: W_K, W_V
+  belong to layer j, so every layer would project all its sources again and no key could be reused.
+
+Architecture 1 (aila_arch=1; eqs. 1-2), H = aila_heads as above. Candidates of layer j: c_i = W_{j,i} h_i for
+i < j, and c_j = h~_j (the paper's "self" term, so a_j carries a share of h~_j itself).
+    W_{j,i}: d x d (aila_rank=0), or U V^T of rank r = aila_rank (L(L+1)/2 pairs make full d x d costly)
+    s_c^(k) = < c^(k), w_{j,c}^(k) >   head k = 1..H reads the k-th d/H slice; one scorer per (layer, candidate)
+    alpha_c^(k) = softmax_c(s_c^(k)),  a_j = (1/H) sum_k sum_c alpha_c^(k) c   (each head's sum is d-wide; mean)
+  Our reading of the loose text: eq. 2 puts a linear scorer on the concatenation u_j, so each candidate's part of
+  u_j has its own weights (w_{j,c}), and "softmax over the concatenated features" is a softmax over candidates.
+  No task embedding t (single task).
+Init: every new matrix (W_Q, W_K, W_V, W_O, W_{j,i} or U, V, the scorers) normal(0, 0.02) like vanilla's linears,
+without the 1/sqrt(2L) of the residual writers: a_j starts small either way. LayerNorm starts at 1 and 0.
+
+Merge (eqs. 3 / 6): aila_merge="relu_layernorm" (default, the paper): h_j = LayerNorm(ReLU(h~_j + a_j)) with an
+affine nn.LayerNorm per layer; aila_merge="residual": h_j = h~_j + a_j. The final RMSNorm and head read h_L.
+With "residual" and W_V = 0 (arch 2), a_j = 0 and the model is model_vanilla.py (a test checks this).
+
+depth_map(): alpha averaged over batch, tokens and heads, from the last forward (rank-local, not saved); the row
+of layer j holds the weights of sources h_0..h_{j-1} in columns 0..j-1. Arch 2: L x L. Arch 1: L x (L+1), and the
+candidate h~_j sits in column j, the column of the h_j it becomes. stats(): mean row entropy of that map, and the
+mean per-token entropy (a layer whose tokens each pick one source sharply can still average to a flat row).
+Layer 1 has a single source: its weight is 1, and in arch 2 its W_Q, W_K get zero gradient (kept for uniformity).
+
+Extra parameters over vanilla (S = L(L+1)/2 layer-source pairs, b = 1 if bias else 0; tests check both archs):
+    arch 2: L (4 d H d_k + b (2 H d_k + d))
+    arch 1: S (P + b d) + d (S + L),   P = d^2 (aila_rank 0) or 2 r d (aila_rank r)
+    merge "relu_layernorm" adds 2 d L (LayerNorm weight and bias); "residual" adds 0.
+  50m shape (d 192, L 6): arch 2 297,216; arch 1 781,632 (rank 8: 72,000).
+  300m shape (d 768, L 12): arch 2 2,377,728; arch 1 46,093,824 (rank 8: 1,046,016).
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODIFIED = ("GPTConfig", "GPT")  # components that differ from model_vanilla.py (new classes aside)
+# settings the shared test suite runs besides the defaults (on its tiny config, n_embd 64, n_head 4)
+VARIANTS = {"arch1": dict(aila_arch=1), "arch1_rank": dict(aila_arch=1, aila_rank=8),
+            "residual": dict(aila_merge="residual")}
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
+    block_size: int = 256  # context length
+    n_layer: int = 6
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
+    n_embd: int = 128
+    ffn_hidden: int = 512  # SwiGLU hidden size
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    aila_arch: int = 2  # 2: attention over earlier layers (paper's Architecture 2); 1: linear (Architecture 1)
+    aila_heads: int = 1  # heads of the cross-layer mixing (paper: 1)
+    aila_dk: int = 64  # arch 2: query/key/value width per head (paper: 64)
+    aila_rank: int = 0  # arch 1: 0 = full d x d projection per (layer, source); r > 0 = rank-r U V^T
+    aila_merge: str = "relu_layernorm"  # "relu_layernorm": LayerNorm(ReLU(h~ + a)) (paper); "residual": h~ + a
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, for generation."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of tokens already in the cache
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
+        T = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+
+def attention_mask(T, Tk, past, device):
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    if past == 0:
+        return True, None  # plain causal attention: the flash kernel applies
+    if T == 1:
+        return False, None  # a single new token sees every key
+    # a chunk after a non-empty cache: query i sees keys up to past + i
+    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, cos, sin, cache=None):
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
+        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        return self.wo(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+class LayerAttention(nn.Module):
+    """Architecture 2 for one layer: scaled dot-product attention of h~_j over the sources h_0..h_{j-1}."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.dk = config.aila_heads, config.aila_dk
+        self.wq = nn.Linear(config.n_embd, self.n_head * self.dk, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, self.n_head * self.dk, bias=False)  # a key bias cancels in the softmax
+        self.wv = nn.Linear(config.n_embd, self.n_head * self.dk, bias=config.bias)
+        self.wo = nn.Linear(self.n_head * self.dk, config.n_embd, bias=config.bias)
+
+    def forward(self, h, sources):
+        B, T, C = h.shape
+        H, dk = self.n_head, self.dk
+        q = self.wq(h).view(B, T, H, dk)                                                   # (B, T, H, dk)
+        # q . (W_K h_i) = (W_K^T q) . h_i: one product with W_K per layer, not one per source
+        qk = torch.einsum("bthk,hkd->bthd", q, self.wk.weight.view(H, dk, C)) / math.sqrt(dk)  # (B, T, H, d)
+        e = torch.stack([torch.einsum("bthd,btd->bth", qk, s) for s in sources], dim=-1)  # (B, T, H, j)
+        alpha = e.softmax(dim=-1)                                                          # (B, T, H, j)
+        mix = sum(alpha[..., i, None] * s[:, :, None, :] for i, s in enumerate(sources))   # (B, T, H, d)
+        # sum_i alpha_i (W_V h_i + b) = W_V (sum_i alpha_i h_i) + b, since the alphas sum to 1
+        v = torch.einsum("bthd,hkd->bthk", mix, self.wv.weight.view(H, dk, C)).reshape(B, T, H * dk)
+        if self.wv.bias is not None:
+            v = v + self.wv.bias
+        return self.wo(v), alpha                                                          # (B, T, d), alpha
+
+
+class LayerLinear(nn.Module):
+    """Architecture 1 for one layer: projected sources and h~_j scored by per-head linear scorers."""
+
+    def __init__(self, config, n_sources):
+        super().__init__()
+        d, r = config.n_embd, config.aila_rank
+        self.n_head = config.aila_heads
+        self.proj = nn.ModuleList([  # W_{j,i}: full d x d, or rank r as V^T (d -> r) then U (r -> d)
+            nn.Linear(d, d, bias=config.bias) if r == 0 else
+            nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, d, bias=config.bias))
+            for _ in range(n_sources)])
+        self.score = nn.Parameter(torch.randn(n_sources + 1, d) * 0.02)  # w_{j,c}: one scorer per candidate
+
+    def forward(self, h, sources):
+        B, T, C = h.shape
+        H = self.n_head
+        cand = torch.stack([p(s) for p, s in zip(self.proj, sources)] + [h], dim=2)       # (B, T, j+1, d)
+        e = torch.einsum("btchk,chk->btch", cand.view(B, T, -1, H, C // H),
+                         self.score.view(-1, H, C // H))                                   # (B, T, j+1, H)
+        alpha = e.softmax(dim=2).transpose(2, 3)                                           # (B, T, H, j+1)
+        a = torch.einsum("btc,btcd->btd", alpha.mean(2), cand)  # = mean over heads of each head's weighted sum
+        return a, alpha                                                                    # (B, T, d), alpha
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        assert config.aila_arch in (1, 2) and config.aila_merge in ("relu_layernorm", "residual")
+        assert config.n_embd % config.aila_heads == 0
+        self.mix = nn.ModuleList([LayerAttention(config) if config.aila_arch == 2 else LayerLinear(config, j + 1)
+                                  for j in range(config.n_layer)])  # layer j+1 (1-indexed) reads j+1 sources
+        if config.aila_merge == "relu_layernorm":
+            self.merge_norm = nn.ModuleList([nn.LayerNorm(config.n_embd, eps=config.norm_eps)
+                                             for _ in range(config.n_layer)])
+        self.maps, self.token_entropy = [], []  # per layer, from the last forward: mean alpha, per-token entropy
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+        B, T = idx.shape
+        past = cache.pos if cache is not None else 0
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        x = self.drop(self.tok_emb(idx))  # (B, T, d)
+        sources, maps, ents = [x], [], []  # sources: h_0 and each layer's output h_j, (B, T, d)
+        for j, (block, mix) in enumerate(zip(self.blocks, self.mix)):
+            h = block(x, cos, sin, cache)  # h~_j
+            a, alpha = mix(h, sources)     # (B, T, d), alpha (B, T, H, candidates)
+            x = h + a if self.config.aila_merge == "residual" else self.merge_norm[j](F.relu(h + a))
+            sources.append(x)
+            with torch.no_grad():  # diagnostics for depth_map() and stats()
+                p = alpha.float()
+                maps.append(p.mean(dim=(0, 1, 2)))
+                ents.append(-(p * p.clamp_min(1e-30).log()).sum(-1).mean())
+        self.maps, self.token_entropy = maps, ents
+        hidden = sources[1:]
+        if cache is not None:
+            cache.pos += T
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        if return_hidden:
+            return logits, loss, hidden  # hidden[l]: output of layer l (after the merge), read by the logit lens
+        return logits, loss
+
+    def depth_map(self):
+        """Mean alpha per layer from the last forward: (L, L), arch 1 (L, L+1) with h~_j in column j; None before."""
+        if not self.maps:
+            return None
+        c = self.config
+        m = torch.zeros(c.n_layer, c.n_layer + (c.aila_arch == 1))
+        for j, row in enumerate(self.maps):
+            m[j, :row.numel()] = row.cpu()
+        return m
+
+    def stats(self):
+        """Mean row entropy of depth_map() and mean per-token entropy of alpha (nats), from the last forward."""
+        if not self.maps:
+            return {}
+        m = self.depth_map()
+        map_entropy = -(m * m.clamp_min(1e-30).log()).sum(-1).mean()
+        return {"aila_map_entropy": map_entropy.item(),
+                "aila_token_entropy": torch.stack(self.token_entropy).mean().item()}
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        pairs = c.n_layer * (c.n_layer + 1) // 2  # (layer, source) pairs
+        if c.aila_arch == 2:  # W_Q, W_K^T q, W_V, W_O per layer; scores and mixing per source and head
+            linear += 4 * c.n_layer * c.n_embd * c.aila_heads * c.aila_dk + 2 * pairs * c.aila_heads * c.n_embd
+        else:  # per-source projections; scores and mixing per candidate (sources + h~_j)
+            proj = c.n_embd * c.n_embd if c.aila_rank == 0 else 2 * c.aila_rank * c.n_embd
+            linear += pairs * proj + 2 * (pairs + c.n_layer) * c.n_embd
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+        cache, n_seen = None, 0
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            else:
+                if cache is None or cache.pos >= self.config.block_size:
+                    # (re)fill the cache; past the context length, restart it from the last half context
+                    keep = self.config.block_size if cache is None else self.config.block_size // 2
+                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    n_seen = max(0, idx.size(1) - keep)
+                logits, _ = self(idx[:, n_seen:], cache=cache)
+                n_seen = idx.size(1)
+            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+        return idx
+
+
+def sample_next(logits, temperature, top_k, top_p):
+    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), num_samples=1)
