@@ -1,0 +1,396 @@
+"""
+Attention Residuals (AttnRes): every sublayer reads a learned softmax over depth instead of the residual sum.
+
+Paper: seed 002_ce1fa6a9e6251fcc.txt, "Open Attention Residuals: Replacing Additive Residuals with Learned
+Cross-Layer Attention" (Luo and Cai), an open reproduction of Kimi Team, "Attention Residuals" (arXiv 2603.15031).
+We implement the Kimi definition as ../shared/METHODS.md states it.
+
+Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the order attn_1, mlp_1, attn_2, ...
+Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix
+    h_l = sum_i a_{l,i} v_i,    a_{l,i} = softmax_i( w_l . RMSNorm_l(v_i) )    (per token, over the sources i)
+w_l in R^d is a pseudo-query, zero at init (a uniform mix); RMSNorm_l is a key norm with its own weight g_l
+(init 1). No 1/sqrt(d), no recency bias, no gate (seed 002, lessons 3-4); the softmax runs in float32; the
+values are the raw sources.
+  attn_res="full":  v_0 = the token embedding, v_i = f_i (sublayer outputs, not cumulative states);
+                    sublayer l reads v_0 .. v_{l-1}.
+  attn_res="block": the 2L sublayers form n_blocks blocks of consecutive sublayers (default 4). Sources: b_0 =
+                    the embedding, the completed block sums b_n = sum of f over block n, and the partial sum of
+                    the current block once it is non-empty. Where n_blocks does not divide 2L the blocks are as
+                    even as possible, longer ones first (numpy.array_split's sizes: 12 sublayers in 5 blocks are
+                    3,3,2,2,2); 1 <= n_blocks <= 2L is checked. Full mode is block mode with one sublayer per
+                    block (b_n = f_n, the partial is never read), and is implemented as exactly that.
+Output: one more mix with its own pseudo-query and key norm, over all block representations (full mode: all
+sources), feeds the final RMSNorm and the head, as in the Kimi paper. The seed-002 repository differs: it keeps a
+normal residual stream h = h + f and attends over snapshots of that stream (cumulative states). Here no residual
+stream exists; the sources are block sums of sublayer outputs.
+
+Implementation: RMSNorm_l(v) . w_l = (v / rms(v)) . (g_l * w_l), so each source is normalised once, when it is
+complete (DepthSources), and each mix folds its norm weight into its query. Sources are a list in which every
+source and its normalised key are stored once and never copied; only the (S, B, T) logits are stacked. (A stacked
+(S, B, T, d) tensor grown by torch.cat per block would keep one copy per block alive for backward: O(N^2) source
+tensors, O(L^2) in full mode.) Sources keep the embedding's dtype (float32 under autocast, like vanilla's stream).
+The mix is per token, so causality is unchanged and generation just passes the key/value cache to attention.
+
+Interpretations:
+- Dropout on sublayer outputs, the pre-norm modules and the 0.02/sqrt(2L) init of attn.wo and mlp.w2 stay as in
+  vanilla (no stream accumulates 2L outputs now, but keeping vanilla's init keeps the comparison clean).
+- w and g are vectors and so get no weight decay (vanilla's param_groups rule) and the model's learning rate.
+- depth_map(): the mean softmax weight per row (the 2L sublayers in order, then the output mix) and source over
+  the last forward batch (or over idx, run first, with depth_map(idx)); column n is source n (the embedding,
+  then block n's sum, or its partial sum while block n is open); zeros where a row has no such source; rows sum
+  to 1. stats(): the mean over rows of the entropy of those mean weights. Both read the weights every forward
+  records in a plain attribute: like a logged loss they are per rank and not saved in checkpoints (the map
+  depends on the input, not only on the weights). Row 0 (the first attention) reads only the embedding, so its
+  weight is always 1 and its w and g get no gradient; they are kept so that every sublayer is alike.
+- Logit lens: hidden[l] is the output mix over the sources available after block l (the open block's partial
+  sum included): what the head would read if the network ended there. hidden[L-1] is the head's input.
+
+Extra parameters: 2d per sublayer plus 2d for the output mix, 2d(2L + 1) in all: 13,056 at the 100m shape
+(d 384, L 8), 0.023% of vanilla's 56.3M with the GPT-2 vocabulary (tests/test_attnres.py computes it).
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODIFIED = ("GPTConfig", "Block", "GPT")  # components that differ from model_vanilla.py
+VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the sublayers unevenly
+    "full": dict(attn_res="full"),
+    "block3": dict(attn_res="block", n_blocks=3),
+}
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
+    block_size: int = 256  # context length
+    n_layer: int = 6
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
+    n_embd: int = 128
+    ffn_hidden: int = 512  # SwiGLU hidden size
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    attn_res: str = "block"  # "block": sources are block sums; "full": every sublayer output is a source
+    n_blocks: int = 4  # block mode: the 2L sublayers form this many blocks of consecutive sublayers
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, for generation."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of tokens already in the cache
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
+        T = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+
+def attention_mask(T, Tk, past, device):
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    if past == 0:
+        return True, None  # plain causal attention: the flash kernel applies
+    if T == 1:
+        return False, None  # a single new token sees every key
+    # a chunk after a non-empty cache: query i sees keys up to past + i
+    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, cos, sin, cache=None):
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
+        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        return self.wo(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+
+
+def rms_normalize(x, eps):
+    """x / rms(x) in float32: a key RMSNorm without its weight, computed once per source."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def block_ends(config):
+    """Indices of the sublayers that complete a depth block (sublayer 2i is block i's attn, 2i + 1 its mlp)."""
+    n_sub = 2 * config.n_layer
+    if config.attn_res == "full":
+        return set(range(n_sub))  # one sublayer per block: every output is a source
+    if config.attn_res != "block":
+        raise ValueError(f"attn_res must be 'block' or 'full', not {config.attn_res!r}")
+    if not 1 <= config.n_blocks <= n_sub:
+        raise ValueError(f"n_blocks must be between 1 and 2 * n_layer = {n_sub}, not {config.n_blocks}")
+    q, r = divmod(n_sub, config.n_blocks)  # as even as possible: the first r blocks are one sublayer longer
+    return {(n + 1) * q + min(n + 1, r) - 1 for n in range(config.n_blocks)}
+
+
+class AttnRes(nn.Module):
+    """One depth mix h = sum_i a_i v_i, a = softmax_i(w . RMSNorm(v_i)) per token, with its own w and norm."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(config.n_embd))  # w: zero, so training starts from a uniform mix
+        self.key_weight = nn.Parameter(torch.ones(config.n_embd))  # g, the weight of this mix's key RMSNorm
+        self.mean_weights = None  # (S,) mean softmax weight per source over the last forward batch
+
+    def forward(self, values, keys):
+        """values: S raw sources (B, T, d); keys: the same after rms_normalize. Returns the mix (B, T, d)."""
+        q = self.query.float() * self.key_weight.float()  # (v / rms(v) * g) . w = (v / rms(v)) . (g * w)
+        logits = torch.stack([(k * q).sum(-1) for k in keys])  # (S, B, T) in float32, no 1/sqrt(d)
+        a = logits.softmax(dim=0)  # over sources, per token
+        self.mean_weights = a.detach().mean(dim=(1, 2))
+        return sum(a_i.unsqueeze(-1) * v for a_i, v in zip(a, values)).type_as(values[0])
+
+
+class DepthSources:
+    """What the next sublayer may read: the completed sources (the embedding, then block sums), each stored once
+    with its normalised key, and the partial sum of the open block. A list, so no sublayer copies a source."""
+
+    def __init__(self, emb, ends, eps):
+        self.ends, self.eps = ends, eps
+        self.values, self.keys = [], []
+        self.partial, self.n_done = None, 0  # the open block's sum so far; sublayers run so far
+        self.complete(emb)
+
+    def complete(self, v):
+        self.values.append(v)
+        self.keys.append(rms_normalize(v, self.eps))
+
+    def add(self, f):
+        """Take in the output f of the next sublayer."""
+        f = f.type_as(self.values[0])  # the embedding's dtype, as vanilla's x = x + f keeps it
+        self.partial = f if self.partial is None else self.partial + f
+        if self.n_done in self.ends:
+            self.complete(self.partial)
+            self.partial = None
+        self.n_done += 1
+
+    def read(self):
+        """(values, keys) of every source available now; the partial sum changes, so its key is made here."""
+        if self.partial is None:
+            return self.values, self.keys
+        return self.values + [self.partial], self.keys + [rms_normalize(self.partial, self.eps)]
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_res = AttnRes(config)  # mixes the attention's input
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_res = AttnRes(config)  # mixes the MLP's input
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, sources, cos, sin, cache=None):
+        """Each sublayer reads a depth mix of the sources; its output joins them (no residual addition)."""
+        h = self.attn_res(*sources.read())
+        sources.add(self.drop(self.attn(self.attn_norm(h), cos, sin, cache)))
+        h = self.mlp_res(*sources.read())
+        sources.add(self.drop(self.mlp(self.mlp_norm(h))))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.block_ends = block_ends(config)  # also checks attn_res and n_blocks
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.out_res = AttnRes(config)  # the output mix over all block representations
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+        B, T = idx.shape
+        past = cache.pos if cache is not None else 0
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        sources = DepthSources(self.drop(self.tok_emb(idx)), self.block_ends, self.config.norm_eps)
+        hidden = []
+        for block in self.blocks:
+            block(sources, cos, sin, cache)
+            if return_hidden:
+                hidden.append(self.out_res(*sources.read()))  # what the head would read if the model ended here
+        if cache is not None:
+            cache.pos += T
+        x = self.out_res(*sources.read())  # every block is complete: the mix over all block representations
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        if return_hidden:
+            return logits, loss, hidden  # hidden[l]: the output mix after block l, read by the logit lens
+        return logits, loss
+
+    def mixes(self):
+        """The 2L + 1 depth mixes in order: attn and mlp of each block, then the output mix."""
+        return [m for block in self.blocks for m in (block.attn_res, block.mlp_res)] + [self.out_res]
+
+    @torch.no_grad()
+    def depth_map(self, idx=None):
+        """(2L + 1, sources) mean softmax weights of the last forward batch (of idx, if given, run now). Rows: the
+        sublayers in order, then the output mix; column n: the embedding (n = 0), else block n's (partial) sum."""
+        if idx is not None:
+            self(idx)
+        rows = [m.mean_weights for m in self.mixes()]
+        if any(r is None for r in rows):
+            raise RuntimeError("depth_map() reads the weights of the last forward: run the model or pass idx")
+        out = torch.zeros(len(rows), len(rows[-1]), device=rows[-1].device)  # the output mix reads every source
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return out.cpu()
+
+    def stats(self):
+        """Mean entropy (nats) of the depth map's rows, logged by train.py."""
+        if self.out_res.mean_weights is None:
+            return {}
+        return {"attnres_entropy": torch.special.entr(self.depth_map()).sum(-1).mean().item()}
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        n_read, done, partial = 0, 1, False  # sources read by all 2L + 1 mixes
+        for i in range(2 * c.n_layer):
+            n_read += done + partial
+            partial = i not in self.block_ends
+            done += not partial
+        mixing = 2 * c.n_embd * (n_read + done)  # a d-dot product (logit) and a d-weighted sum per source read
+        return 3 * 2 * (linear + attention + mixing)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+        cache, n_seen = None, 0
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            else:
+                if cache is None or cache.pos >= self.config.block_size:
+                    # (re)fill the cache; past the context length, restart it from the last half context
+                    keep = self.config.block_size if cache is None else self.config.block_size // 2
+                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    n_seen = max(0, idx.size(1) - keep)
+                logits, _ = self(idx[:, n_seen:], cache=cache)
+                n_seen = idx.size(1)
+            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+        return idx
+
+
+def sample_next(logits, temperature, top_k, top_p):
+    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), num_samples=1)

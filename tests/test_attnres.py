@@ -1,0 +1,199 @@
+"""Attention Residuals (model_attnres.py, seed 002): the tests issue 5 asks for, besides the contract suite."""
+import pytest
+import torch
+
+import model_attnres as attnres
+import model_vanilla as vanilla
+
+TINY = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+MODES = {"block": {}, "block3": dict(n_blocks=3), "full": dict(attn_res="full")}  # block3: 8 sublayers as 3,3,2
+
+
+def make(seed=0, randomise=False, **kw):
+    torch.manual_seed(seed)
+    model = attnres.GPT(attnres.GPTConfig(**{**TINY, **kw})).eval()
+    if randomise:  # pseudo-queries and key norms away from their init, so that the softmax is not uniform
+        with torch.no_grad():
+            for mix in model.mixes():
+                mix.query.normal_(0, 1.0)
+                mix.key_weight.uniform_(0.5, 1.5)
+    return model
+
+
+def tokens(seed=1, B=2, T=12):
+    return torch.randint(0, TINY["vocab_size"], (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def trace(model, idx):
+    """Run the model; record the embedding, every sublayer's input h_l and output f_l, and the final norm's input."""
+    rec = {"in": [], "out": []}
+    hooks = [model.tok_emb.register_forward_hook(lambda m, i, o: rec.__setitem__("emb", o))]
+    for block in model.blocks:
+        for norm, sub in ((block.attn_norm, block.attn), (block.mlp_norm, block.mlp)):
+            hooks.append(norm.register_forward_pre_hook(lambda m, i: rec["in"].append(i[0])))
+            hooks.append(sub.register_forward_hook(lambda m, i, o: rec["out"].append(o)))
+    hooks.append(model.norm.register_forward_pre_hook(lambda m, i: rec.__setitem__("final", i[0])))
+    with torch.no_grad():
+        rec["logits"] = model(idx)[0]
+    for h in hooks:
+        h.remove()
+    return rec
+
+
+def mix64(sources, query, key_weight, eps, normalise_keys=True):
+    """The definition in float64: h = sum_i a_i v_i, a = softmax_i(w . RMSNorm(v_i)), raw values v_i."""
+    v = torch.stack([s.double() for s in sources])  # (S, B, T, d)
+    k = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) if normalise_keys else v
+    a = ((k * key_weight.double()) @ query.double()).softmax(0)  # (S, B, T)
+    return (a.unsqueeze(-1) * v).sum(0)
+
+
+def reference(model, rec, **mix_kw):
+    """Each sublayer's input and the head's input, recomputed in float64 from the recorded sublayer outputs."""
+    c, mixes = model.config, model.mixes()
+    n_sub = 2 * c.n_layer
+    n_blocks = n_sub if c.attn_res == "full" else c.n_blocks
+    ends = {int(b[-1]) for b in torch.tensor_split(torch.arange(n_sub), n_blocks)}  # numpy.array_split's blocks
+    completed, partial, inputs = [rec["emb"]], None, []
+    for l in range(n_sub):
+        sources = completed + ([partial] if partial is not None else [])
+        inputs.append(mix64(sources, mixes[l].query, mixes[l].key_weight, c.norm_eps, **mix_kw))
+        f = rec["out"][l].double()
+        partial = f if partial is None else partial + f
+        if l in ends:
+            completed.append(partial)
+            partial = None
+    return inputs, mix64(completed, model.out_res.query, model.out_res.key_weight, c.norm_eps, **mix_kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_uniform_weights_at_init(mode):
+    model = make(**MODES[mode])
+    rec = trace(model, tokens())
+    # per token: every sublayer's input (and the head's) is the plain mean of its sources
+    zero = torch.zeros(model.config.n_embd)
+    inputs, final = reference(model, rec)
+    for mix in model.mixes():
+        assert torch.equal(mix.query, zero)
+    for got, want in zip(rec["in"] + [rec["final"]], inputs + [final]):
+        assert torch.allclose(got.double(), want, atol=1e-6, rtol=1e-5)
+    # the recorded map: row r is uniform over its n_r sources and zero beyond
+    dm = model.depth_map()
+    n_sources = [len(m.mean_weights) for m in model.mixes()]
+    assert n_sources[0] == 1 and n_sources[-1] == dm.size(1)
+    assert n_sources == sorted(n_sources)
+    for row, n in zip(dm, n_sources):
+        assert torch.allclose(row[:n], torch.full((n,), 1.0 / n), atol=1e-7) and not row[n:].any()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sublayer_inputs_match_float64_definition(mode):
+    """RMSNorm'd keys, raw values: a float64 re-computation of every sublayer's input from its sources agrees,
+    with sources of very different norms (the embedding scaled up 30x)."""
+    model = make(randomise=True, **MODES[mode])
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(30.0)
+    rec = trace(model, tokens())
+    inputs, final = reference(model, rec)
+    norms = [s.norm(dim=-1).mean().item() for s in [rec["emb"]] + rec["out"]]
+    assert max(norms) > 20 * min(norms)
+    for got, want in zip(rec["in"] + [rec["final"]], inputs + [final]):
+        assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-4)
+    # the test has power: keys without the RMSNorm would give clearly different inputs
+    wrong, _ = reference(model, rec, normalise_keys=False)
+    assert max((g.double() - w).abs().max().item() for g, w in zip(rec["in"][1:], wrong[1:])) > 1e-2
+
+
+def test_one_sublayer_per_block_equals_full_mode():
+    full = make(randomise=True, attn_res="full")
+    block = make(seed=5, attn_res="block", n_blocks=2 * TINY["n_layer"])
+    block.load_state_dict(full.state_dict())
+    idx = tokens()
+    assert torch.equal(block(idx)[0], full(idx)[0])
+    assert torch.equal(block.depth_map(), full.depth_map())
+    assert block.depth_map().shape == (2 * TINY["n_layer"] + 1, 2 * TINY["n_layer"] + 1)
+
+
+def test_extra_parameters_at_100m_shape():
+    shape = dict(vocab_size=50304, block_size=4096, n_layer=8, n_head=6, n_kv_head=3, n_embd=384, ffn_hidden=1536)
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        n_attnres = sum(p.numel() for p in attnres.GPT(attnres.GPTConfig(**shape)).parameters())
+        n_vanilla = sum(p.numel() for p in vanilla.GPT(vanilla.GPTConfig(**shape)).parameters())
+    extra = n_attnres - n_vanilla
+    d, L = shape["n_embd"], shape["n_layer"]
+    assert extra == 2 * d * (2 * L + 1) == 13056  # the docstring's formula: w and g per sublayer, plus the output mix
+    fraction = extra / n_vanilla
+    print(f"\nattnres extra parameters at 100m: {extra} of vanilla's {n_vanilla} = {100 * fraction:.4f}%")
+    assert fraction < 1e-3 and f"{100 * fraction:.3f}%" == "0.023%"  # the figure in the docstring
+
+
+def test_block_split_and_validation():
+    def sizes(n_layer, n_blocks):
+        ends = sorted(attnres.block_ends(attnres.GPTConfig(n_layer=n_layer, n_blocks=n_blocks)))
+        return [b - a for a, b in zip([-1] + ends, ends)]
+    assert sizes(6, 4) == [3, 3, 3, 3] and sizes(4, 4) == [2, 2, 2, 2]
+    assert sizes(6, 5) == [3, 3, 2, 2, 2] and sizes(4, 3) == [3, 3, 2]  # uneven: longer blocks first
+    assert sizes(4, 1) == [8] and sizes(4, 8) == [1] * 8
+    for bad in (dict(n_blocks=0), dict(n_blocks=9), dict(attn_res="dense")):
+        with pytest.raises(ValueError):
+            attnres.GPT(attnres.GPTConfig(**{**TINY, **bad}))
+    for name, kw in attnres.VARIANTS.items():  # every variant is valid at the contract suite's tiny shape
+        attnres.GPT(attnres.GPTConfig(**{**TINY, **kw}))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_causal_and_cached_generation(mode):
+    model = make(randomise=True, **MODES[mode])
+    idx = tokens(T=16)
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        assert torch.allclose(model(idx)[0][:, :10], model(changed)[0][:, :10], atol=1e-6)
+    prompt = idx[:, :4]
+    with_cache = model.generate(prompt, 28, temperature=0)  # up to block_size: one cache, one token a step
+    assert torch.equal(with_cache, model.generate(prompt, 28, temperature=0, use_cache=False))
+
+
+def test_logit_lens_hidden_states():
+    model = make(randomise=True)
+    idx = tokens()
+    with torch.no_grad():
+        logits, _, hidden = model(idx, return_hidden=True)
+    assert len(hidden) == TINY["n_layer"] and all(h.shape == (2, 12, TINY["n_embd"]) for h in hidden)
+    assert torch.equal(model.lm_head(model.norm(hidden[-1])), logits)  # the last one is the head's input
+    assert model.out_res.mean_weights.numel() == model.depth_map().size(1)  # the map still holds the final mix
+
+
+def test_training_moves_the_map_and_stats():
+    model = make(**MODES["block"]).train()
+    opt = torch.optim.AdamW(model.param_groups(0.01), lr=1e-2)
+    assert model.stats() == {}
+    with pytest.raises(RuntimeError):
+        model.depth_map()
+    idx = tokens(B=4, T=32)
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    for step in range(5):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        if step == 0:  # at init the queries get gradient (mixes over >= 2 sources), the key weights none yet
+            assert all(m.query.grad.abs().sum() > 0 for m in model.mixes()[1:])
+        opt.step()
+    dm = model.depth_map(idx)
+    assert torch.allclose(dm.sum(1), torch.ones(dm.size(0)))
+    uniform = torch.tensor([[1.0 / len(m.mean_weights)] for m in model.mixes()])
+    assert (dm[1:, :2] - uniform[1:]).abs().max() > 1e-3
+    entropy = model.stats()["attnres_entropy"]
+    assert 0 < entropy < torch.log(torch.tensor(float(dm.size(1)))).item()
+
+
+def test_low_precision():
+    model = make(randomise=True).train()
+    idx = tokens()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # train.py's mixed precision (bf16 autocast)
+        _, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    model = model.eval().to(torch.bfloat16)  # a model cast to bf16, e.g. for sampling
+    out = model.generate(idx[:, :3], 5, temperature=0)
+    assert torch.isfinite(model(idx)[0].float()).all() and out.shape == (2, 8)
