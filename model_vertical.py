@@ -1,0 +1,345 @@
+"""
+Vertical Attention: a learned softmax over depth feeds every block a mix of all earlier layers' outputs.
+
+Paper: seeds/000_871b86ab3602ad68.txt, "Vertical Attention: Automatic Exploration of Inter-Layer Connections in
+Transformer-Based Language Models" (sections 3-4). The model is model_vanilla.py with one change in GPT.forward:
+block l (1-indexed) no longer reads the previous block's output but a per-token weighted average v^l of its sources
+    h^1 = the embedding output,  h^i = the output of block i-1  (i = 2..l)
+    alpha_l     = softmax(s_l),  s_l in R^l learned                                     (eqs. 1-2)
+    alpha~_l,i  = (alpha_l,i / ||h^i||) / sum_j (alpha_l,j / ||h^j||),  per token       (eq. 3)
+    v^l         = sum_i alpha~_l,i h^i                                                  (eq. 4)
+    h^(l+1)     = Block_l(v^l),  the unchanged pre-norm block: x = v; x += attn(norm(x)); x += mlp(norm(x)) (eqs. 5-6)
+and the final RMSNorm and head read h^(L+1), the last block's output, as in vanilla.
+Extra parameters: L(L+1)/2 scalars (eq. 7): 21, 36, 78 for the 50m, 100m, 300m shapes (Table 2 prints 28 for the
+8-layer model, which eq. 7 does not give: a typo), 0 for the fixed maps. s_1 (one source) never gets gradient.
+
+Interpretations (see also ../shared/METHODS.md, "model_vertical.py"):
+- ||h|| is the L2 norm over the d channels of each token, computed in float32 once per source (not once per
+  reader) as sqrt(sum h^2 + va_eps), va_eps = 1e-6, which only guards against an all-zero vector. Gradients flow
+  through the norm (the paper does not detach it). The mix is a loop over sources (at most L), never over tokens.
+- The scores live in one flat parameter `va_scores` = [s_1; s_2; ...; s_L] (row l has l entries); depth_map()
+  scatters them into an L x L matrix with -inf above the diagonal, so a single softmax gives every alpha_l.
+- va_init="uniform" (default): zero scores, alpha_l = 1/l. va_init="recent": score log(9 (l-1)) on the newest
+  source and 0 on the others, so every row puts alpha 0.9 on the newest source and 0.1/(l-1) on each other one
+  (the nearest thing to vanilla that keeps gradients flowing to every score). The paper does not say which init
+  it used; its trained maps (Tables 5-7) have 0.45-0.57 on the diagonal and a heavy first two columns.
+- va_map="unet" / "inet" are the paper's fixed maps ("Ours (U-Attn)" / "Ours (L-Attn)", Table 3). Figure 2 is
+  missing, so METHODS.md's reading: inet = equal weight on sources 1, 2 and the newest l; unet = equal weight on
+  the newest source and the mirrored source L+2-l where that is an earlier source (second half of the stack:
+  for L=12, layer 8 reads 6, ..., layer 12 reads 2). Rows with fewer distinct sources renormalise. They are
+  buffers, not parameters, and the per-token norm re-weighting of eq. 3 still applies to them.
+- depth_map() and the entropy in stats() use alpha (eq. 2), not alpha~: the paper's maps (Tables 5-7) and its
+  entropy (eq. 8, which writes alpha~) describe "constant attention scores across samples", and alpha~ changes
+  with every token's norms, so the per-model quantity is alpha. Row 1 is always [1, 0, ...], as in Table 5.
+- Optimiser: param_groups puts the scores in their own group with lr=va_lr and weight_decay=va_weight_decay
+  (paper: 0.01 and 0.01 against 1e-4 for the rest; with 1e-4 the map barely moves, 1e-1 is unstable).
+- KV cache: the mix is per token, so a cached step needs only the new tokens' own sources; the keys/values of
+  every layer are cached exactly as in vanilla.
+- flops_per_token is vanilla's: the mix is L(L+1)/2 * d multiply-adds per token, elementwise, not a matmul
+  (under 0.1% of a 300m model's FLOPs).
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODIFIED = ("GPTConfig", "GPT")  # components that differ from model_vanilla.py (new ones: the three before GPT)
+VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": dict(va_init="recent")}
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
+    block_size: int = 256  # context length
+    n_layer: int = 6
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
+    n_embd: int = 128
+    ffn_hidden: int = 512  # SwiGLU hidden size
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    va_map: str = "learned"  # "learned" | "unet" | "inet" (the paper's fixed maps: no trainable scores)
+    va_init: str = "uniform"  # learned scores start at "uniform" (zeros) | "recent" (alpha 0.9 on the newest source)
+    va_lr: float = 0.01  # AdamW lr of the scores (paper; 1e-4, the model's lr, leaves the map frozen)
+    va_weight_decay: float = 0.01  # AdamW weight decay of the scores (paper)
+    va_eps: float = 1e-6  # inside each source's L2 norm: sqrt(sum h^2 + eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, for generation."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of tokens already in the cache
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
+        T = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+
+def attention_mask(T, Tk, past, device):
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    if past == 0:
+        return True, None  # plain causal attention: the flash kernel applies
+    if T == 1:
+        return False, None  # a single new token sees every key
+    # a chunk after a non-empty cache: query i sees keys up to past + i
+    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, cos, sin, cache=None):
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
+        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        return self.wo(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+def inverse_norm(h, eps):
+    """1 / ||h||_2 over the channels of every token: (B, T, d) -> (B, T, 1), in float32."""
+    return torch.rsqrt(h.float().pow(2).sum(-1, keepdim=True) + eps)
+
+
+def vertical_mix(sources, inv_norms, alpha):
+    """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||), per token.
+    sources: l tensors (B, T, d); inv_norms: their inverse_norm, l tensors (B, T, 1); alpha: (l,) softmax weights."""
+    w = alpha * torch.cat(inv_norms, dim=-1)  # (B, T, l)
+    w = w / w.sum(-1, keepdim=True)  # alpha~ (eq. 3)
+    v = sources[0] * w[..., :1]
+    for i in range(1, len(sources)):  # over sources, never over tokens; torch.compile fuses it into one kernel
+        v = torch.addcmul(v, sources[i], w[..., i:i + 1])
+    return v.type_as(sources[-1])
+
+
+def fixed_map(kind, n_layer):
+    """The paper's hand-crafted L x L maps (METHODS.md's reading of the missing Figure 2); rows sum to 1.
+    inet: layer l reads sources 1, 2 and l equally. unet: layer l reads source l and its mirror L+2-l when that is
+    an earlier source (the second half of the stack, as in a U-Net). Fewer distinct sources: the row renormalises."""
+    m = torch.zeros(n_layer, n_layer)
+    for l in range(1, n_layer + 1):  # 1-indexed layer l reads sources 1..l
+        for i in ({1, 2, l} if kind == "inet" else {l, n_layer + 2 - l}):
+            if i <= l:
+                m[l - 1, i - 1] = 1.0
+    return m / m.sum(-1, keepdim=True)
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if config.va_map not in ("learned", "unet", "inet") or config.va_init not in ("uniform", "recent"):
+            raise ValueError(f"va_map must be learned|unet|inet and va_init uniform|recent, "
+                             f"not {config.va_map!r} and {config.va_init!r}")
+        L = config.n_layer
+        rows, cols = torch.tril_indices(L, L)  # where the flat scores [s_1; s_2; ...; s_L] sit in the L x L map
+        self.register_buffer("va_rows", rows, persistent=False)
+        self.register_buffer("va_cols", cols, persistent=False)
+        if config.va_map == "learned":
+            scores = torch.zeros(L * (L + 1) // 2)  # "uniform": alpha_l = 1/l
+            if config.va_init == "recent":
+                for l in range(2, L + 1):  # e^s / (e^s + l - 1) = 0.9 on the newest source of row l
+                    scores[l * (l + 1) // 2 - 1] = math.log(9 * (l - 1))
+            self.va_scores = nn.Parameter(scores)
+        else:
+            self.register_parameter("va_scores", None)
+            self.register_buffer("va_fixed", fixed_map(config.va_map, L), persistent=False)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+        B, T = idx.shape
+        past = cache.pos if cache is not None else 0
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        x = self.drop(self.tok_emb(idx))  # (B, T, d): h^1
+        alpha = self.depth_map()  # (L, L): row l holds the weights of sources 1..l+1
+        sources, inv_norms, hidden = [], [], []
+        for l, block in enumerate(self.blocks):
+            sources.append(x)  # h^(l+1): the embedding, then each block's output
+            inv_norms.append(inverse_norm(x, self.config.va_eps))  # once per source, read by every later block
+            x = block(vertical_mix(sources, inv_norms, alpha[l, :l + 1]), cos, sin, cache)
+            hidden.append(x)
+        if cache is not None:
+            cache.pos += T
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        if return_hidden:
+            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+        return logits, loss
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases; the vertical
+        attention scores in a group of their own with lr va_lr and weight decay va_weight_decay (the paper's)."""
+        params = [p for n, p in self.named_parameters() if p.requires_grad and n != "va_scores"]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        if self.va_scores is not None:
+            groups.append({"params": [self.va_scores], "lr": self.config.va_lr,
+                           "weight_decay": self.config.va_weight_decay})
+        return groups
+
+    def depth_map(self):
+        """The L x L map alpha (eq. 2): row l holds softmax(s_l) over sources 1..l, zeros above the diagonal.
+        This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's source norms)."""
+        if self.va_scores is None:
+            return self.va_fixed.float()
+        L = self.config.n_layer
+        s = torch.full((L, L), float("-inf"), device=self.va_scores.device)
+        return s.index_put((self.va_rows, self.va_cols), self.va_scores.float()).softmax(-1)
+
+    @torch.no_grad()
+    def stats(self):
+        """Mean row entropy of the map (eq. 8, on alpha: see depth_map), logged by train.py."""
+        return {"va_entropy": torch.special.entr(self.depth_map()).sum(-1).mean().item()}
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+        cache, n_seen = None, 0
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            else:
+                if cache is None or cache.pos >= self.config.block_size:
+                    # (re)fill the cache; past the context length, restart it from the last half context
+                    keep = self.config.block_size if cache is None else self.config.block_size // 2
+                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    n_seen = max(0, idx.size(1) - keep)
+                logits, _ = self(idx[:, n_seen:], cache=cache)
+                n_seen = idx.size(1)
+            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+        return idx
+
+
+def sample_next(logits, temperature, top_k, top_p):
+    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), num_samples=1)
