@@ -3,7 +3,7 @@ Attention Residuals (AttnRes): every sublayer reads a learned softmax over depth
 
 Paper: seed 002_ce1fa6a9e6251fcc.txt, "Open Attention Residuals: Replacing Additive Residuals with Learned
 Cross-Layer Attention" (Luo and Cai), an open reproduction of Kimi Team, "Attention Residuals" (arXiv 2603.15031).
-We implement the Kimi definition as ../shared/METHODS.md states it.
+We implement the Kimi paper's definition.
 
 Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the order attn_1, mlp_1, attn_2, ...
 Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix

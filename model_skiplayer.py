@@ -1,7 +1,7 @@
 """
 Skip-Layer Attention (SLA), and seed 000's ALA(-) baseline as an option.
 
-Paper: ../shared/seeds/001_984bc223411d18cc.txt, "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies
+Paper: seed 001_984bc223411d18cc.txt, "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies
 in Transformers" (Chen et al., 2024). Baselines as seed 000 (000_871b86ab3602ad68.txt, section 4.1) used them.
 
 Everything is model_vanilla.py except which keys and values each query head attends to. With n_l = skip_layers,
@@ -12,7 +12,7 @@ K^j, V^j are layer j's keys and values after RoPE (positions are the same in eve
 scores are q_t . k_s of the same positions, causal as usual. ALA(-) (`ala_every` = K > 0): only the last layer
 changes; its head i (0-indexed) reads layer L - K*i, head 0 its own layer L. No new parameters in either mode.
 
-Interpretations (METHODS.md "model_skiplayer.py"):
+Interpretations:
 - The equation writes "h - n_l" for the head split, a typo for n_h (Tables 1-2 vary heads and layers apart).
 - The appendix listing slices the SEQUENCE axis (k[:, :, split:]) and concatenates it with earlier keys on the
   head axis; we implement the equation: whole heads, every position (tests/test_skiplayer.py pins this).

@@ -13,7 +13,7 @@ and the final RMSNorm and head read h^(L+1), the last block's output, as in vani
 Extra parameters: L(L+1)/2 scalars (eq. 7): 21, 36, 78 for the 50m, 100m, 300m shapes (Table 2 prints 28 for the
 8-layer model, which eq. 7 does not give: a typo), 0 for the fixed maps. s_1 (one source) never gets gradient.
 
-Interpretations (see also ../shared/METHODS.md, "model_vertical.py"):
+Interpretations:
 - ||h|| is the L2 norm over the d channels of each token, computed in float32 once per source (not once per
   reader) as sqrt(sum h^2 + va_eps), va_eps = 1e-6, which only guards against an all-zero vector. Gradients flow
   through the norm (the paper does not detach it). The mix is a loop over sources (at most L), never over tokens.
@@ -24,7 +24,7 @@ Interpretations (see also ../shared/METHODS.md, "model_vertical.py"):
   (the nearest thing to vanilla that keeps gradients flowing to every score). The paper does not say which init
   it used; its trained maps (Tables 5-7) have 0.45-0.57 on the diagonal and a heavy first two columns.
 - va_map="unet" / "inet" are the paper's fixed maps ("Ours (U-Attn)" / "Ours (L-Attn)", Table 3). Figure 2 is
-  missing, so METHODS.md's reading: inet = equal weight on sources 1, 2 and the newest l; unet = equal weight on
+  missing, so our reading: inet = equal weight on sources 1, 2 and the newest l; unet = equal weight on
   the newest source and the mirrored source L+2-l where that is an earlier source (second half of the stack:
   for L=12, layer 8 reads 6, ..., layer 12 reads 2). Rows with fewer distinct sources renormalise. They are
   buffers, not parameters, and the per-token norm re-weighting of eq. 3 still applies to them.
@@ -199,7 +199,7 @@ def vertical_mix(sources, inv_norms, alpha):
 
 
 def fixed_map(kind, n_layer):
-    """The paper's hand-crafted L x L maps (METHODS.md's reading of the missing Figure 2); rows sum to 1.
+    """The paper's hand-crafted L x L maps (our reading of the missing Figure 2); rows sum to 1.
     inet: layer l reads sources 1, 2 and l equally. unet: layer l reads source l and its mirror L+2-l when that is
     an earlier source (the second half of the stack, as in a U-Net). Fewer distinct sources: the row renormalises."""
     m = torch.zeros(n_layer, n_layer)

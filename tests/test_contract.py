@@ -1,4 +1,4 @@
-"""The contract every model_*.py meets (DESIGN.md), run on every model file and each of its VARIANTS."""
+"""The contract every model_*.py meets, run on every model file and each of its VARIANTS."""
 import importlib
 import json
 import os

@@ -150,7 +150,7 @@ def test_same_seed_gives_vanilla_weights():
 
 # ---- maps ------------------------------------------------------------------------------------------------
 
-# METHODS.md: inet = sources 1, 2 and the newest; unet = the newest and, in the second half, source L+2-l
+# our reading of Figure 2: inet = sources 1, 2 and the newest; unet = the newest and, in the second half, source L+2-l
 EXPECTED = {
     ("inet", 6): {1: [1], 2: [1, 2], 3: [1, 2, 3], 4: [1, 2, 4], 5: [1, 2, 5], 6: [1, 2, 6]},
     ("unet", 6): {1: [1], 2: [2], 3: [3], 4: [4], 5: [3, 5], 6: [2, 6]},
