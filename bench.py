@@ -3,22 +3,35 @@ Speed and memory of every model side by side, in one process, as ratios to vanil
 
     python bench.py --size 50m --block_size 256 --batch_size 8        # every model and variant, CPU
     python bench.py --size 300m --device cuda --compile --json out/bench_300m.json
+    python bench.py --size small --train_iters 600 --update_readme     # + train each: the results table
 
 Per model: parameters (and the extra over vanilla), training tokens/s (forward + backward + AdamW step, after
 warm-up, median over repeats), peak memory of a training step, MFU on a known GPU, and sampling tokens/s
 with and without the key/value cache. On CUDA the peak memory is torch.cuda.max_memory_allocated. On CPU,
 where PyTorch keeps no such counter, it is the bytes of parameters, gradients and AdamW state plus the
 tensors autograd saves for the backward pass (the part in which the models differ).
+
+With --train_iters N every run is also trained by train.py with one budget (same data, seed, batch, lr and
+steps) into <results>/<label>/ and evaluated on the whole validation split; <results>/RESULTS.md and
+results.json get the table; --update_readme rewrites README.md's copy of it (between its results markers).
+A run whose checkpoint already holds N steps is evaluated again, not retrained.
 """
 import json
+import math
+import os
 import platform
+import re
+import shlex
 import statistics
 import sys
 import time
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 
+import train
+from eval import evaluate_split
 from train import SIZES, ArgumentParser, ConfigError, fail, load_model_module, peak_flops, str2bool
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
@@ -41,7 +54,8 @@ RUNS = [
 def parse_args(argv):
     p = ArgumentParser(description=__doc__.strip().splitlines()[0],
                        formatter_class=__import__("argparse").ArgumentDefaultsHelpFormatter)
-    p.add_argument("--size", default="50m", choices=list(SIZES), help="model shape preset")
+    p.add_argument("--size", default="50m", choices=["small", *SIZES],
+                   help="model shape: a preset, or small = the model files' default (the CPU quick start)")
     p.add_argument("--block_size", type=int, default=256, help="sequence length")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--vocab_size", type=int, default=50304, help="GPT-2's vocabulary, padded to a multiple of 64")
@@ -55,6 +69,14 @@ def parse_args(argv):
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA where supported), float32, bfloat16")
     p.add_argument("--compile", type=str2bool, nargs="?", const=True, default=False)
     p.add_argument("--json", default="", help="also write the results to this JSON file")
+    p.add_argument("--train_iters", type=int, default=0, help="also train every run this many steps; 0 = no")
+    p.add_argument("--results", default="results", help="with --train_iters: folder of the runs and the table")
+    p.add_argument("--dataset", default="shakespeare", help="with --train_iters: data set from prepare.py")
+    p.add_argument("--data_dir", default="data")
+    p.add_argument("--update_readme", type=str2bool, nargs="?", const=True, default=False,
+                   help="with --train_iters: rewrite README.md's results table from this run")
+    p.add_argument("--train_args", default="--learning_rate=1e-3 --eval_interval=200",
+                   help="with --train_iters: further train.py options, the same for every run")
     return p.parse_args(argv)
 
 
@@ -146,7 +168,12 @@ def main(argv):
     unknown = wanted - {r[0] for r in RUNS}
     if unknown:
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
-    shape = dict(SIZES[args.size], block_size=args.block_size, vocab_size=args.vocab_size)
+    if args.train_iters:  # train on real data: the vocabulary is the data set's
+        args.vocab_size = train.read_meta(args.data_dir, args.dataset)["vocab_size"]
+    shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
+    if args.size == "small":  # the model files' own defaults: write them out, for the record
+        defaults = load_model_module("vanilla").GPTConfig()
+        shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
           f"{'bfloat16' if use_bf16 else 'float32'}{', compiled' if args.compile else ''}, torch {torch.__version__}")
@@ -180,7 +207,68 @@ def main(argv):
             json.dump({"size": args.size, "shape": shape, "batch_size": args.batch_size, "hardware": hardware,
                        "dtype": "bfloat16" if use_bf16 else "float32", "compile": args.compile,
                        "torch": torch.__version__, "results": rows}, f, indent=1)
+    if args.train_iters:
+        runs = {label: (name, overrides) for label, name, overrides in RUNS}
+        for r in rows:
+            r.update(train_and_evaluate(r["label"], *runs[r["label"]], shape, args, device, ctx))
+        write_results(rows, args, shape, hardware, "bfloat16" if use_bf16 else "float32", argv)
     return rows
+
+
+def train_and_evaluate(label, name, overrides, shape, args, device, ctx):
+    """Train one run with the shared budget (or finish it), then its loss over the whole validation split."""
+    out_dir = os.path.join(args.results, label)
+    path = os.path.join(out_dir, "ckpt.pt")
+    steps = torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.exists(path) else 0
+    if steps < args.train_iters:
+        train.main([f"--model={name}", f"--out_dir={out_dir}", f"--dataset={args.dataset}",
+                    f"--data_dir={args.data_dir}", f"--max_iters={args.train_iters}", f"--batch_size={args.batch_size}",
+                    f"--device={device}", *[f"--{k}={v}" for k, v in {**shape, **overrides}.items()],
+                    *args.train_args.split(), *(["--resume"] if steps else [])])
+    model, ckpt = train.load_checkpoint(out_dir, device)
+    model.eval()
+    meta = ckpt["meta"]
+    val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+    loss, _, count = evaluate_split(model, val, shape["block_size"], args.batch_size, device, ctx, progress=False)
+    stats = model.stats() if hasattr(model, "stats") else {}
+    return {"val_loss": loss[-1].item(), "val_ppl": math.exp(loss[-1].item()), "val_tokens": count,
+            "steps": ckpt["iter_num"], "tokens_seen": ckpt["iter_num"] * args.batch_size * shape["block_size"],
+            "stats": stats}
+
+
+def write_results(rows, args, shape, hardware, dtype, argv):
+    """results/RESULTS.md + results.json, and the same table in README.md between its results markers."""
+    os.makedirs(args.results, exist_ok=True)
+    shape_text = ", ".join(f"{k} {v}" for k, v in {**SIZES.get(args.size, {}), **shape}.items())
+    lines = [
+        f"`python bench.py {shlex.join(argv)}` on {hardware}, {dtype}, torch {torch.__version__}: "
+        f"{args.size} shape ({shape_text}), data set `{args.dataset}`, {rows[0]['steps']} steps of "
+        f"{args.batch_size} x {args.block_size} tokens ({rows[0]['tokens_seen']:,} tokens seen), seed "
+        f"{train.TRAIN_DEFAULTS['seed']}, train.py options `{args.train_args}`; validation loss over the whole "
+        f"validation split ({rows[0]['val_tokens']:,} tokens). Speed and memory: ratios to vanilla at the same shape, "
+        "measured in the same process.",
+        "",
+        "| model | val loss | val ppl | params | extra params | train tok/s (x vanilla) | peak memory (x vanilla) | stats |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        stats = ", ".join(f"{k} {v:.3g}" for k, v in r["stats"].items()
+                          if isinstance(v, (int, float)) and ("flops" in k or k.endswith("entropy")))
+        lines.append(f"| {r['label']} | {r['val_loss']:.4f} | {r['val_ppl']:.3f} | {r['params']:,} | "
+                     f"{r['extra_params']:,} | {r['train_speed_ratio']:.3f} | {r['peak_mem_ratio']:.3f} | {stats} |")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.results, "RESULTS.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(args.results, "results.json"), "w") as f:
+        json.dump({"command": ["bench.py", *argv], "hardware": hardware, "dtype": dtype, "shape": shape,
+                   "dataset": args.dataset, "results": rows}, f, indent=1)
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+    text = open(readme).read()
+    marked = re.compile(r"(<!-- results:start -->\n).*?(<!-- results:end -->)", re.S)
+    if args.update_readme and marked.search(text):
+        with open(readme, "w") as f:
+            f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
+    print(table)
 
 
 if __name__ == "__main__":
