@@ -71,6 +71,7 @@ def parse_args(argv):
     p.add_argument("--json", default="", help="also write the results to this JSON file")
     p.add_argument("--train_iters", type=int, default=0, help="also train every run this many steps; 0 = no")
     p.add_argument("--results", default="results", help="with --train_iters: folder of the runs and the table")
+    p.add_argument("--eval_batch_size", type=int, default=16, help="with --train_iters: windows per eval forward")
     p.add_argument("--dataset", default="shakespeare", help="with --train_iters: data set from prepare.py")
     p.add_argument("--data_dir", default="data")
     p.add_argument("--update_readme", type=str2bool, nargs="?", const=True, default=False,
@@ -229,7 +230,7 @@ def train_and_evaluate(label, name, overrides, shape, args, device, ctx):
     model.eval()
     meta = ckpt["meta"]
     val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
-    loss, _, count = evaluate_split(model, val, shape["block_size"], args.batch_size, device, ctx, progress=False)
+    loss, _, count = evaluate_split(model, val, shape["block_size"], args.eval_batch_size, device, ctx, progress=False)
     stats = model.stats() if hasattr(model, "stats") else {}
     return {"val_loss": loss[-1].item(), "val_ppl": math.exp(loss[-1].item()), "val_tokens": count,
             "steps": ckpt["iter_num"], "tokens_seen": ckpt["iter_num"] * args.batch_size * shape["block_size"],
