@@ -1,0 +1,437 @@
+"""
+Skip-middle: learned middle-out layer skipping with gated attention.
+
+Paper: seed 004_3cd1f9dae099ddfa.txt, "Learning to Skip the Middle Layers of Transformers" (Lawson and
+Aitchison, 2025); their code is tim-lawson/skip-middle (MIT), "the reference" below.
+The model is model_vanilla.py with these changes (blocks l = 0..L-1, h the residual stream entering block l,
+g_j the gate of token j):
+    embedding:  x = RMSNorm(Embed(idx))                                        (the paper's input norm)
+    gates:      s_l = ReLU(w_l . h + b_l),  S_l = s_0 + ... + s_l,  g_l = 1 - clamp(S_l, 0, 1)      (eqs. 1-2)
+                block l >= L/2 uses the gate of block L-1-l: a token skips a symmetric span of middle blocks
+    block:      x = x + g * Norm(Attn(Norm(x), g));  x = x + g * Norm(MLP(Norm(x)))   (sandwich / peri-LN)
+    attention:  logit(i, j) += ln(max(g_j, 1e-6)) for every KEY j                                   (eq. 3)
+    loss:       CE + mean_l (alpha_l * mean(g_l) + beta_l * var(g_l)), moments over the batch's tokens (eq. 5)
+    controller: after every optimiser step, c += gamma * 1[|stat - target| > delta] * (stat - target)  (eq. 6)
+                for alpha (stat = mean gate) and beta (stat = gate variance), targets mu*_l from 1 at block 0
+                linearly to gate_target at the middle block, mirrored, and var*_l = mu*_l (1 - mu*_l).
+With zero gate parameters every gate is exactly 1 and the model is the dense sandwich model (gated=False).
+
+Interpretations:
+- Gated attention adds ln g to the logit of the KEY position, so that later queries stop attending to a skipped
+  token. The reference code adds it per QUERY row (score_mod[b, q_idx]), where softmax cancels it: a no-op.
+  SDPA gets an explicit float mask (B, 1, T, Tk) = causal (-inf above the diagonal) + the per-key gate bias, so the
+  flash kernel does not apply and the kernels compute every (query, key) pair; flops_per_token counts that.
+  K and V are expanded to one head per query head there, because CUDA's memory-efficient kernel (the one that
+  takes a float mask) has no GQA and SDPA would otherwise fall back to the math kernel.
+  The bias is differentiable: the gate also learns through attention (eq. 3 as written).
+- The gate reads the raw residual stream entering its block (as the reference does), not a normalised copy.
+- Odd L: the middle block l = (L-1)/2 satisfies l < L/2, so it has a gate of its own (accumulated like the
+  others) and is its own mirror; gate parameters are (d+1) * ceil(L/2), (d+1) L/2 for even L.
+- Regulariser: the mean over all L blocks, as eq. 5 and the reference (mirrored blocks share gate and target,
+  so for even L this equals the mean over the first half); var is the population variance (eq. 4) of this
+  micro-batch's gates. It is added to the loss only in training mode with targets; eval losses are pure CE.
+- Controller statistics: the mean and variance of the gates over every token of the optimiser step's global
+  batch (all micro-steps, all DDP ranks), from the sums of g, g^2 and the token count, all-reduced in
+  after_step(): the reference's pooled estimate, identical on every rank, so the coefficients stay identical.
+  The symmetric rule of the reference (eq. 6 writes only the upper side). Coefficients start at 0 and are
+  persistent buffers (in checkpoints); targets are non-persistent (they follow from the config).
+  With one gated block (L <= 2) the target is 1 (linspace of one point starts at 1), as in the reference.
+- Init: normal(0, 0.02) for every linear and embedding weight as the paper says (no 1/sqrt(2L) scaling of the
+  residual projections: the post-norms rescale their outputs anyway); gate weights normal(0, gate_init_std)
+  with zero biases (ReLU(0) has no gradient, so an all-zero gate could never move). gate_init_std = 0 gives the
+  exactly dense start the paper describes.
+- Gate statistics are accumulated as sums (detached) in plain attributes, not buffers, because DDP broadcasts
+  rank 0's buffers before every forward and would overwrite the other ranks' sums. They are transient: every
+  after_step() clears them, so alpha and beta are the whole controller state a checkpoint needs. after_step()
+  all-reduces whenever a process group exists, so every rank must call it (train.py does).
+- stats(): per gated block (the second half mirrors it) the mean gate, the fraction of exactly-zero gates and the
+  coefficients, plus est_flops_ratio = estimated forward FLOPs per token over the dense model's (paper Fig. 2):
+  each block's matmul FLOPs (causal attention at block_size) times the fraction of tokens it does not skip, plus
+  the head and the gates. The gate statistics come from the eval-mode forwards since the last stats() call (in
+  train.py: this process's share of the validation windows), else from the last optimiser step (all ranks).
+- depth_map(): (L, 1), the mean gate of every block from the same statistics as stats() (not consumed by it);
+  it raises if no forward has been recorded yet, so run some forwards (e.g. validation) first.
+- KVCache keeps each cached key's gate per layer, so that a skipped token stays masked during generation.
+- The compute is not really skipped: a skipped token's block output is multiplied by 0 (the paper measures FLOPs
+  "assuming" the saving too). Options left out: FlexAttention, and an inference path that drops g == 0 tokens.
+
+Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
+and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODIFIED = ("GPTConfig", "KVCache", "CausalSelfAttention", "Block", "GPT")  # differ from model_vanilla.py
+VARIANTS = {"dense": dict(gated=False)}  # configurations the contract suite also tests
+GATE_EPS = 1e-6  # lower bound on g before the log of gated attention (paper section 2.2)
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
+    block_size: int = 256  # context length
+    n_layer: int = 6
+    n_head: int = 4
+    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
+    n_embd: int = 128
+    ffn_hidden: int = 512  # SwiGLU hidden size
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    gated: bool = True  # False: the dense sandwich model, no gate parameters and plain causal attention
+    gate_init_std: float = 0.02  # gate weights ~ N(0, std), biases 0; 0 starts exactly dense (every g == 1)
+    gate_target: float = 0.5  # target mean gate of the middle block (1 at block 0, linear in between)
+    gate_gamma: float = 1e-3  # controller step size gamma
+    gate_delta: float = 1e-2  # controller tolerance delta: deviations within it leave a coefficient alone
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)
+
+
+class KVCache:
+    """Keys, values and gates of every layer for the tokens seen so far, for generation."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.g = torch.ones(config.n_layer, batch_size, config.block_size, device=device)  # each key's gate
+        self.pos = 0  # number of tokens already in the cache
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
+        T = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+    def update_gates(self, layer, g):
+        """Store the gates g (B, T) of the new tokens; return the gates of all tokens so far (B, pos + T)."""
+        self.g[layer, :, self.pos:self.pos + g.size(1)] = g
+        return self.g[layer, :, :self.pos + g.size(1)]
+
+
+def attention_mask(T, Tk, past, device):
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    if past == 0:
+        return True, None  # plain causal attention: the flash kernel applies
+    if T == 1:
+        return False, None  # a single new token sees every key
+    # a chunk after a non-empty cache: query i sees keys up to past + i
+    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+def gated_attention_mask(g, T, past):
+    """Float mask (B, 1, T, Tk) for T new queries against the Tk = past + T keys whose gates are g (B, Tk):
+    -inf where key j lies after query i (causal), else ln(max(g_j, eps)), the same for every query (eq. 3)."""
+    causal = torch.ones(T, g.size(1), dtype=torch.bool, device=g.device).tril(diagonal=past)  # (T, Tk)
+    bias = torch.log(g.float().clamp(min=GATE_EPS))[:, None, None, :]                          # (B, 1, 1, Tk)
+    return torch.where(causal, bias, float("-inf"))                                          # (B, 1, T, Tk)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, cos, sin, cache=None, g=None):
+        """g (B, T): the gates of the new tokens (keys), None for plain causal attention."""
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
+            if g is not None:
+                g = cache.update_gates(self.layer_idx, g)  # (B, past + T): cached keys keep their gates
+        if g is None:
+            is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        else:
+            is_causal, mask = False, gated_attention_mask(g, T, past).to(q.dtype)  # (B, 1, T, past + T)
+            # a float mask rules out the flash kernel and CUDA's memory-efficient kernel has no GQA: without
+            # this expansion SDPA would fall back to the math kernel, which materialises (B, H, T, Tk)
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, H, past + T, hd)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, H, past + T, hd)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        return self.wo(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Sandwich (peri-LN) block: a norm before AND after each module, the output scaled by the token's gate."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.attn_out_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.mlp_out_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, g=None):
+        # g (B, T): this block's gate per token, None in the dense model; g == 0 leaves the token's stream as it is
+        scale = 1.0 if g is None else g.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        x = x + scale * self.drop(self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, cache, g)))
+        x = x + scale * self.drop(self.mlp_out_norm(self.mlp(self.mlp_norm(x))))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        L = config.n_layer
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.emb_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(L)])
+        # one gate (w_l, b_l) per block l < L/2: s_l = ReLU(w_l . h + b_l) of the stream entering block l
+        self.gates = nn.ModuleList([nn.Linear(config.n_embd, 1) for _ in range((L + 1) // 2 if config.gated else 0)])
+        self.mirror = [min(l, L - 1 - l) for l in range(L)]  # block l uses the gate of block mirror[l]
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        if config.gated:
+            # the controller: targets follow from the config; the coefficients are state (saved in checkpoints)
+            mean_target = torch.linspace(1.0, config.gate_target, len(self.gates))[self.mirror]  # (L,)
+            self.register_buffer("gate_mean_target", mean_target, persistent=False)
+            self.register_buffer("gate_var_target", mean_target * (1 - mean_target), persistent=False)
+            self.register_buffer("gate_alpha", torch.zeros(L))  # coefficient of mean(g_l)
+            self.register_buffer("gate_beta", torch.zeros(L))   # coefficient of var(g_l)
+        # per gated block, sums over tokens of g, g^2, 1[g == 0] and the token count (n_gates, 4); plain
+        # attributes, not buffers: DDP would overwrite the other ranks' buffers with rank 0's before every forward
+        self._train_sums = None  # this optimiser step's training forwards; after_step() reduces and clears them
+        self._eval_sums = None   # eval-mode forwards since the last stats() call
+        self._last_step = None   # (mean, var, zero fraction), each (L,), of the last optimiser step
+        self.apply(self._init_weights)
+        for gate in self.gates:
+            nn.init.normal_(gate.weight, mean=0.0, std=config.gate_init_std)  # the bias is 0 from _init_weights
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+        B, T = idx.shape
+        past = cache.pos if cache is not None else 0
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        x = self.drop(self.emb_norm(self.tok_emb(idx)))  # (B, T, d)
+        hidden, gates, S = [], [], 0.0
+        for l, block in enumerate(self.blocks):
+            if l < len(self.gates):  # first half: accumulate the soft mask S (eq. 1), gate g = 1 - clamp(S) (eq. 2)
+                S = S + F.relu(self.gates[l](x).float().squeeze(-1))  # (B, T)
+                gates.append(1.0 - S.clamp(0.0, 1.0))
+            x = block(x, cos, sin, cache, gates[self.mirror[l]] if gates else None)
+            hidden.append(x)
+        if cache is not None:
+            cache.pos += T
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        if gates:
+            G = torch.stack(gates)  # (n_gates, B, T)
+            self._record(G)
+            if self.training and targets is not None:
+                loss = loss + self.gate_loss(G)
+        if return_hidden:
+            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+        return logits, loss
+
+    def gate_loss(self, G):
+        """The regulariser (eq. 5): mean over the L blocks of alpha_l * mean(g_l) + beta_l * var(g_l)."""
+        mean, var = G.mean((1, 2))[self.mirror], G.var((1, 2), correction=0)[self.mirror]  # (L,)
+        return (self.gate_alpha * mean + self.gate_beta * var).mean()
+
+    @torch.no_grad()
+    def _record(self, G):
+        G = G.detach().float()
+        sums = torch.stack([G.sum((1, 2)), G.pow(2).sum((1, 2)), (G == 0).float().sum((1, 2)),
+                            torch.full_like(G[:, 0, 0], G[0].numel())], dim=1)  # (n_gates, 4)
+        name = "_train_sums" if self.training else "_eval_sums"
+        setattr(self, name, sums if getattr(self, name) is None else getattr(self, name) + sums)
+
+    def _summary(self, sums):
+        """(mean, var, zero fraction) of every block's gates, each (L,), from sums (n_gates, 4)."""
+        s = sums[self.mirror]
+        mean = s[:, 0] / s[:, 3]
+        return mean, (s[:, 1] / s[:, 3] - mean ** 2).clamp(min=0.0), s[:, 2] / s[:, 3]
+
+    @torch.no_grad()
+    def after_step(self):
+        """Called after every optimiser step (on every rank): one controller update from the step's gates."""
+        sums, self._train_sums = self._train_sums, None
+        if sums is None:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sums)  # sums over the global batch: the same statistics on every rank
+        self._last_step = self._summary(sums)
+        self.update_coefficients(*self._last_step[:2])
+
+    @torch.no_grad()
+    def update_coefficients(self, mean, var):
+        """eq. 6, both sides: c += gamma * 1[|stat - target| > delta] * (stat - target); mean, var (L,)."""
+        c = self.config
+        for coef, stat, target in ((self.gate_alpha, mean, self.gate_mean_target),
+                                   (self.gate_beta, var, self.gate_var_target)):
+            dev = stat.to(coef) - target
+            coef.add_(c.gate_gamma * (dev.abs() > c.gate_delta) * dev)
+
+    def _gate_summary(self, consume):
+        if self._eval_sums is not None:
+            sums = self._eval_sums
+            if consume:
+                self._eval_sums = None
+            return self._summary(sums)
+        return self._last_step
+
+    def stats(self):
+        """Per gated block l: mean gate, fraction of zero gates, alpha, beta; est_flops_ratio (see the docstring)."""
+        if not self.config.gated:
+            return {}
+        summary = self._gate_summary(consume=True)
+        out = {}
+        for l in range(len(self.gates)):
+            if summary is not None:
+                out[f"gate{l}_mean"], out[f"gate{l}_zero"] = summary[0][l].item(), summary[2][l].item()
+            out[f"gate{l}_alpha"], out[f"gate{l}_beta"] = self.gate_alpha[l].item(), self.gate_beta[l].item()
+        if summary is not None:
+            sparse, dense = self.estimated_flops(summary[2])
+            out["est_flops_ratio"] = sparse / dense
+        return out
+
+    def depth_map(self):
+        """(L, 1): the mean gate of every block over the recorded forwards (see the docstring)."""
+        if not self.config.gated:
+            return torch.ones(self.config.n_layer, 1)
+        summary = self._gate_summary(consume=False)
+        if summary is None:
+            raise RuntimeError("depth_map() reports measured gates: run forward passes (e.g. validation) first")
+        return summary[0].detach().cpu().unsqueeze(1)
+
+    def estimated_flops(self, zero, seq_len=None):
+        """Forward FLOPs per token (sparse, dense) if a token cost nothing in a block where its gate is 0 (paper
+        Fig. 2): block matmuls times the fraction of tokens not skipped, plus head and gates; zero (L,)."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
+        block += c.n_head * hd * ((seq_len or c.block_size) + 1)  # q.k and p.v over the causal half
+        sparse = c.n_embd * c.vocab_size + len(self.gates) * c.n_embd + block * (1 - zero).sum().item()
+        return 2 * sparse, 2 * (c.n_embd * c.vocab_size + block * c.n_layer)
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        linear += len(self.gates) * c.n_embd  # the gates' w . h
+        # with the explicit gate mask the kernels compute every (query, key) pair, not just the causal half
+        pairs = seq_len if c.gated else (seq_len + 1) / 2
+        attention = c.n_layer * 2 * c.n_head * hd * pairs  # q.k and p.v
+        return 3 * 2 * (linear + attention)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+        cache, n_seen = None, 0
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(idx[:, -self.config.block_size:])
+            else:
+                if cache is None or cache.pos >= self.config.block_size:
+                    # (re)fill the cache; past the context length, restart it from the last half context
+                    keep = self.config.block_size if cache is None else self.config.block_size // 2
+                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    n_seen = max(0, idx.size(1) - keep)
+                logits, _ = self(idx[:, n_seen:], cache=cache)
+                n_seen = idx.size(1)
+            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+        return idx
+
+
+def sample_next(logits, temperature, top_k, top_p):
+    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), num_samples=1)

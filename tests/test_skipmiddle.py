@@ -1,0 +1,354 @@
+"""model_skipmiddle.py: gates, gated attention, the sparsity controller and its state (issue 7)."""
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model_skipmiddle as sm
+from conftest import ROOT
+
+TINY = dict(vocab_size=257, block_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=128)
+
+
+def build(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return sm.GPT(sm.GPTConfig(**{**TINY, **overrides}))
+
+
+def run_capturing(model, idx, **kwargs):
+    """Forward idx; return (logits, loss, inputs, gates): per block the stream entering it and its gate (B, T)."""
+    inputs, gates = [], []
+
+    def hook(block, args):  # Block.forward(x, cos, sin, cache, g)
+        inputs.append(args[0].detach())
+        gates.append(args[4].detach() if args[4] is not None else None)
+
+    handles = [b.register_forward_pre_hook(hook) for b in model.blocks]
+    try:
+        logits, loss = model(idx, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, loss, inputs, gates
+
+
+def skip_tokens(model, tokens):
+    """Make the given token ids skip every block (S >= 1 at gate 0) and leave every other token's gates at 1:
+    coordinate 0 of the embedding is nonzero only for those tokens, and gate 0 reads only that coordinate."""
+    with torch.no_grad():
+        model.tok_emb.weight[:, 0] = 0.0
+        model.tok_emb.weight[tokens, 0] = 1.0
+        for gate in model.gates:
+            gate.weight.zero_()
+            gate.bias.zero_()
+        model.gates[0].weight[0, 0] = 100.0
+
+
+# ---- gates ------------------------------------------------------------------------------------------------
+
+def test_gate_parameters_are_d_plus_1_per_first_half_block():
+    for L in (4, 5):
+        gated, dense = build(n_layer=L), build(n_layer=L, gated=False)
+        extra = sum(p.numel() for p in gated.parameters()) - sum(p.numel() for p in dense.parameters())
+        assert extra == (TINY["n_embd"] + 1) * math.ceil(L / 2)
+    assert not any("gate" in k for k in build(gated=False).state_dict())
+
+
+def test_zero_gate_parameters_give_gates_of_one_and_the_dense_model():
+    gated = build(gate_init_std=0.0).double()
+    dense = build(gated=False).double()
+    dense.load_state_dict({k: v for k, v in gated.state_dict().items() if "gate" not in k})
+    idx = torch.randint(0, TINY["vocab_size"], (3, 40))
+    logits, _, _, gates = run_capturing(gated, idx)
+    assert len(gates) == TINY["n_layer"] and all(torch.equal(g, torch.ones_like(g)) for g in gates)
+    assert torch.equal(logits, dense(idx)[0])
+    gated.train(), dense.train()
+    assert torch.equal(gated(idx, idx)[1], dense(idx, idx)[1])  # coefficients 0: the regulariser adds 0
+    assert torch.equal(gated.generate(idx[:, :5], 20, temperature=0), dense.generate(idx[:, :5], 20, temperature=0))
+
+
+@pytest.mark.parametrize("L", [4, 5, 6])
+def test_gates_follow_eqs_1_2_mirrored_and_monotone(L):
+    model = build(n_layer=L, gate_init_std=0.3)  # large weights: gates spread over [0, 1]
+    with torch.no_grad():
+        for gate in model.gates:
+            gate.bias.fill_(0.1)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 48))
+    _, _, inputs, gates = run_capturing(model, idx)
+    H = math.ceil(L / 2)
+    S = torch.zeros(2, 48)
+    for l in range(H):  # eqs. 1-2 recomputed from the stream entering each first-half block
+        S = S + F.relu(inputs[l] @ model.gates[l].weight[0] + model.gates[l].bias[0])
+        torch.testing.assert_close(gates[l], 1 - S.clamp(0, 1))
+    for l in range(L):
+        assert torch.equal(gates[l], gates[L - 1 - l])
+    for l in range(H - 1):
+        assert (gates[l + 1] <= gates[l]).all()
+    assert 0 < (torch.stack(gates) == 0).float().mean() < 1 and (gates[H - 1] < 1).any()
+
+
+def test_all_gates_zero_skip_every_block():
+    model = build()
+    with torch.no_grad():
+        model.gates[0].bias.fill_(1.0)
+        model.gates[0].weight.zero_()
+    model.eval()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 16))
+    logits, _ = model(idx)
+    expected = model.lm_head(model.norm(model.emb_norm(model.tok_emb(idx))))
+    torch.testing.assert_close(logits, expected)
+    stats = model.stats()
+    assert stats["gate0_zero"] == stats["gate1_zero"] == 1.0 and stats["gate1_mean"] == 0.0
+    c = model.config
+    head = c.n_embd * c.vocab_size
+    block = c.n_embd * 16 * (2 * 4 + 2 * 2) + 3 * c.n_embd * c.ffn_hidden + c.n_embd * (c.block_size + 1)
+    assert stats["est_flops_ratio"] == pytest.approx((head + 2 * c.n_embd) / (head + c.n_layer * block))
+
+
+# ---- gated attention --------------------------------------------------------------------------------------
+
+def attention_probs(attn, x, cos, sin, mask):
+    """Softmax probabilities (B, H, T, T) of CausalSelfAttention `attn` on x with an additive float mask."""
+    B, T, _ = x.shape
+    q = attn.wq(x).view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)
+    k = attn.wk(x).view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+    q, k = sm.apply_rope(q, cos, sin), sm.apply_rope(k, cos, sin)
+    k = k.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+    return (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim) + mask).softmax(-1)
+
+
+def per_query_mask(g, T):
+    """The reference code's form: ln g of the QUERY row added to every logit of that row."""
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return torch.where(causal, torch.log(g.clamp(min=sm.GATE_EPS))[:, None, :, None], float("-inf"))
+
+
+def test_a_key_whose_gate_is_zero_gets_no_attention_and_the_per_query_form_would_not_mask_it():
+    torch.manual_seed(0)
+    model = build()
+    attn, T, j = model.blocks[1].attn, 12, 4
+    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+    x = torch.randn(2, T, TINY["n_embd"])
+    g = torch.rand(2, T) * 0.5 + 0.5
+    g[:, j] = 0.0
+    with torch.no_grad():
+        probs = attention_probs(attn, x, cos, sin, sm.gated_attention_mask(g, T, 0))
+        # the module really attends with these probabilities
+        v = attn.wv(x).view(2, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+        v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+        expected = attn.wo((probs @ v).transpose(1, 2).reshape(2, T, -1))
+        torch.testing.assert_close(attn(x, cos, sin, g=g), expected, rtol=1e-5, atol=1e-6)
+        assert probs[:, :, j:, j].max() < 1e-4  # every later query (and j itself) ignores key j
+        # black box: changing token j's input (its key and value) leaves every later output unchanged
+        x2 = x.clone()
+        x2[:, j] = torch.randn(2, TINY["n_embd"]) * 3
+        torch.testing.assert_close(attn(x2, cos, sin, g=g)[:, j + 1:], attn(x, cos, sin, g=g)[:, j + 1:],
+                                   rtol=0, atol=1e-5)
+        ones = torch.ones_like(g)  # control: with its gate at 1 the change shows
+        assert (attn(x2, cos, sin, g=ones)[:, j + 1:] - attn(x, cos, sin, g=ones)[:, j + 1:]).abs().max() > 1e-2
+        # the per-query form: softmax cancels a bias shared by a whole row, so nothing is masked
+        causal = torch.zeros(T, T).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        per_query = attention_probs(attn, x, cos, sin, per_query_mask(g, T))
+        torch.testing.assert_close(per_query, attention_probs(attn, x, cos, sin, causal))
+        assert per_query[:, :, j + 1:, j].max() > 1e-2
+
+
+def test_a_skipped_token_is_invisible_to_later_tokens_in_the_model_and_with_the_cache():
+    torch.manual_seed(0)
+    model = build(gate_init_std=0.0).eval()
+    skip_tokens(model, [7, 9])  # tokens 7 and 9 skip every block; all other gates are exactly 1
+    idx = torch.randint(10, TINY["vocab_size"], (2, 24))
+    idx[:, 5] = 7
+    other = idx.clone()
+    other[:, 5] = 9
+    logits, _, _, gates = run_capturing(model, idx)
+    assert all((g[:, 5] == 0).all() and (g[:, torch.arange(24) != 5] == 1).all() for g in gates)
+    torch.testing.assert_close(model(other)[0][:, 6:], logits[:, 6:], rtol=0, atol=1e-4)
+    # control: without the gated attention (every gate 1) token 5 is seen
+    dense = build(gated=False).eval()
+    dense.load_state_dict({k: v for k, v in model.state_dict().items() if "gate" not in k})
+    assert (dense(other)[0][:, 6:] - dense(idx)[0][:, 6:]).abs().max() > 1e-2
+    # with the key/value cache, token by token: cached keys keep their gates
+    cache = sm.KVCache(model.config, 2, "cpu", torch.float32)
+    steps = torch.cat([model(idx[:, t:t + 1], cache=cache)[0] for t in range(24)], dim=1)
+    torch.testing.assert_close(steps, logits, rtol=1e-4, atol=1e-5)
+    assert (cache.g[:, :, 5] == 0).all() and (cache.g[:, :, :24].sum() == 4 * 2 * 23)
+    cache.pos, cache.g[:] = 23, 1.0  # a cache that forgot the gates would let token 5 be seen
+    assert (model(idx[:, 23:], cache=cache)[0][:, 0] - logits[:, 23]).abs().max() > 1e-3
+
+
+def test_gate_gradient_flows_through_the_attention_bias():
+    model = build(gate_init_std=0.3)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 32))
+    loss = model(idx, idx)[1]
+    loss.backward()
+    assert all(g.weight.grad is not None and g.weight.grad.abs().sum() > 0 for g in model.gates)
+
+
+# ---- regulariser and controller ---------------------------------------------------------------------------
+
+def test_regulariser_is_added_in_training_only():
+    model = build(gate_init_std=0.3)
+    with torch.no_grad():
+        model.gate_alpha.copy_(torch.tensor([0.5, -0.2, -0.2, 0.5]))
+        model.gate_beta.copy_(torch.tensor([0.1, 0.3, 0.3, 0.1]))
+    idx = torch.randint(0, TINY["vocab_size"], (2, 32))
+    logits, loss, _, gates = run_capturing(model.train(), idx, targets=idx)
+    ce = F.cross_entropy(logits.view(-1, logits.size(-1)), idx.view(-1))
+    G = torch.stack(gates)  # (L, B, T)
+    reg = (model.gate_alpha * G.mean((1, 2)) + model.gate_beta * G.var((1, 2), correction=0)).mean()
+    torch.testing.assert_close(loss, ce + reg)
+    torch.testing.assert_close(model.eval()(idx, idx)[1], ce)
+
+
+def test_targets_are_linear_to_the_middle_and_mirrored():
+    m4, m5 = build(gate_target=0.25), build(n_layer=5, gate_target=0.5)
+    torch.testing.assert_close(m4.gate_mean_target, torch.tensor([1.0, 0.25, 0.25, 1.0]))
+    torch.testing.assert_close(m4.gate_var_target, torch.tensor([0.0, 0.1875, 0.1875, 0.0]))
+    torch.testing.assert_close(m5.gate_mean_target, torch.tensor([1.0, 0.75, 0.5, 0.75, 1.0]))
+
+
+def test_one_controller_update_on_hand_made_statistics():
+    model = build(gate_target=0.5)  # targets: mean (1, .5, .5, 1), var (0, .25, .25, 0); gamma 1e-3, delta 1e-2
+    with torch.no_grad():
+        model.gate_alpha.copy_(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    mean = torch.tensor([0.995, 0.7, 0.3, 0.95])  # inside the band, above, below, below
+    var = torch.tensor([0.005, 0.245, 0.1, 0.3])  # inside, inside, below, above
+    model.update_coefficients(mean, var)
+    torch.testing.assert_close(model.gate_alpha, torch.tensor([0.1, 0.2 + 1e-3 * 0.2, 0.3 - 1e-3 * 0.2,
+                                                               0.4 - 1e-3 * 0.05]))
+    torch.testing.assert_close(model.gate_beta, torch.tensor([0.0, 0.0, -1e-3 * 0.15, 1e-3 * 0.3]))
+
+
+def test_after_step_uses_the_gates_of_every_micro_step_then_resets():
+    model = build(gate_init_std=0.3)
+    batches = [torch.randint(0, TINY["vocab_size"], (2, 32)) for _ in range(2)]
+    gates = []
+    for idx in batches:  # two micro-steps of one optimiser step
+        gates.append(torch.stack(run_capturing(model, idx, targets=idx)[3]))
+    model.eval()(batches[0])  # an eval forward does not count
+    model.train()
+    G = torch.cat(gates, dim=1)  # (L, 2B, T): the pooled batch
+    mean, var = G.mean((1, 2)), G.var((1, 2), correction=0)
+    dev_m, dev_v = mean - model.gate_mean_target, var - model.gate_var_target
+    model.after_step()
+    torch.testing.assert_close(model.gate_alpha, 1e-3 * dev_m * (dev_m.abs() > 1e-2))
+    torch.testing.assert_close(model.gate_beta, 1e-3 * dev_v * (dev_v.abs() > 1e-2))
+    assert model.gate_alpha.abs().sum() > 0 and model._train_sums is None
+    before = model.gate_alpha.clone()
+    model.after_step()  # no forward since: nothing to update
+    assert torch.equal(model.gate_alpha, before)
+
+
+def test_coefficients_survive_a_checkpoint_round_trip(tmp_path):
+    model = build()
+    with torch.no_grad():
+        model.gate_alpha.copy_(torch.tensor([0.1, -0.2, -0.2, 0.1]))
+        model.gate_beta.copy_(torch.tensor([0.01, 0.02, 0.02, 0.01]))
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt")
+    assert "gate_alpha" in state and "gate_mean_target" not in state
+    loaded = build(seed=1)
+    loaded.load_state_dict(state)
+    assert torch.equal(loaded.gate_alpha, model.gate_alpha) and torch.equal(loaded.gate_beta, model.gate_beta)
+
+
+def test_stats_and_depth_map():
+    model = build(gate_init_std=0.3)
+    with pytest.raises(RuntimeError):
+        model.depth_map()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 32))
+    gates = torch.stack(run_capturing(model, idx, targets=idx)[3])
+    model.after_step()
+    stats = model.stats()  # from the last optimiser step
+    assert set(stats) == {f"gate{l}_{k}" for l in range(2) for k in ("mean", "zero", "alpha", "beta")} | {
+        "est_flops_ratio"}
+    assert stats["gate1_mean"] == pytest.approx(gates[1].mean().item(), abs=1e-6)
+    assert stats["gate1_zero"] == pytest.approx((gates[1] == 0).float().mean().item())
+    assert stats["gate0_alpha"] == model.gate_alpha[0].item()
+    assert 0 < stats["est_flops_ratio"] < 1.01
+    torch.testing.assert_close(model.depth_map(), gates.mean((1, 2)).unsqueeze(1))
+    model.eval()(idx[:, :8])  # eval forwards take over until stats() consumes them
+    torch.testing.assert_close(model.depth_map()[:, 0], gates[:, :, :8].mean((1, 2)))
+    assert model.stats()["gate1_mean"] == pytest.approx(gates[1, :, :8].mean().item(), abs=1e-6)
+    assert model.stats()["gate1_mean"] == pytest.approx(stats["gate1_mean"])  # consumed: back to the step's
+    assert build(gated=False).stats() == {} and build(gated=False).depth_map().shape == (4, 1)
+
+
+# ---- DDP: two processes end with identical coefficients, equal to one process over the pooled batch ---------
+
+DDP_SCRIPT = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    sys.path.insert(0, sys.argv[1])
+    import model_skipmiddle as sm
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = sm.GPTConfig(vocab_size=64, block_size=32, n_layer=4, n_head=2, n_kv_head=1, n_embd=32, ffn_hidden=64,
+                       gate_init_std=0.3, gate_gamma=0.1)
+
+    def make():
+        torch.manual_seed(0)
+        return sm.GPT(cfg)
+
+    def batch(step, micro, r):
+        return torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(1000 * step + 10 * micro + r))
+
+    model = make()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        for micro in range(2):
+            x = batch(step, micro, rank)
+            ctx = ddp.no_sync() if micro == 0 else torch.enable_grad()
+            with ctx:
+                (ddp(x, x)[1] / 2).backward()
+        opt.step()
+        opt.zero_grad()
+        model.after_step()
+    coefs = torch.cat([model.gate_alpha, model.gate_beta])
+    gathered = [torch.zeros_like(coefs) for _ in range(world)]
+    dist.all_gather(gathered, coefs)
+    dist.destroy_process_group()  # before the reference run: after_step() all-reduces while a group exists
+    if rank == 0:
+        ref = make()  # one process, the whole global batch in each step (same gradients up to rounding)
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            for micro in range(2):
+                for r in range(world):
+                    x = batch(step, micro, r)
+                    (ref(x, x)[1] / (2 * world)).backward()
+            ropt.step()
+            ropt.zero_grad()
+            ref.after_step()
+        torch.save({"ranks": gathered, "single": torch.cat([ref.gate_alpha, ref.gate_beta])}, sys.argv[2])
+""")
+
+
+def test_ddp_two_processes_keep_identical_coefficients(tmp_path):
+    script, out = tmp_path / "ddp_skipmiddle.py", tmp_path / "coefs.pt"
+    script.write_text(DDP_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           ROOT, str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = torch.load(out)
+    a, b = result["ranks"]
+    assert torch.equal(a, b) and a.abs().sum() > 0  # identical on both ranks, and the controller did move
+    torch.testing.assert_close(a, result["single"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gated_attention_runs_in_cudas_memory_efficient_kernel():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    model = build(gate_init_std=0.3).cuda()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 64), device="cuda")
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)[1]  # raises if the kernel cannot take the gated mask
+    loss.backward()
+    assert all(g.weight.grad.abs().sum() > 0 for g in model.gates)
