@@ -195,15 +195,16 @@ def main(argv):
         r["peak_mem_ratio"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
         r["cache_speedup"] = r["sample_tok_s_cache"] / r["sample_tok_s_nocache"]
 
-    header = (f"{'model':<17}{'params':>12}{'extra':>10}{'train tok/s':>13}{'x vanilla':>10}{'peak MB':>10}"
+    header = (f"{'model':<17}{'params':>12}{'extra':>12}{'train tok/s':>13}{'x vanilla':>10}{'peak MB':>10}"
               f"{'x vanilla':>10}{'MFU':>7}{'sample tok/s':>14}{'no cache':>10}")
     print(header)
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{r['label']:<17}{r['params']:>12,}{r['extra_params']:>10,}{r['train_tok_s']:>13,.0f}"
+        print(f"{r['label']:<17}{r['params']:>12,}{r['extra_params']:>12,}{r['train_tok_s']:>13,.0f}"
               f"{r['train_speed_ratio']:>10.3f}{r['peak_mem_bytes'] / 2**20:>10.1f}{r['peak_mem_ratio']:>10.3f}"
               f"{mfu:>7}{r['sample_tok_s_cache']:>14,.1f}{r['sample_tok_s_nocache']:>10,.1f}")
     if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "shape": shape, "batch_size": args.batch_size, "hardware": hardware,
                        "dtype": "bfloat16" if use_bf16 else "float32", "compile": args.compile,
