@@ -46,6 +46,7 @@ RUNS = [
     ("attnres-full", "attnres", dict(attn_res="full")),
     ("aila", "aila", {}),
     ("aila-arch1", "aila", dict(aila_arch=1)),
+    ("aila-residual", "aila", dict(aila_merge="residual")),
     ("skipmiddle", "skipmiddle", {}),
     ("skipmiddle-dense", "skipmiddle", dict(gated=False)),
 ]
@@ -175,7 +176,8 @@ def main(argv):
     if args.size == "small":  # the model files' own defaults: write them out, for the record
         defaults = load_model_module("vanilla").GPTConfig()
         shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
-    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
     print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
           f"{'bfloat16' if use_bf16 else 'float32'}{', compiled' if args.compile else ''}, torch {torch.__version__}")
     rows = []

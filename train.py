@@ -374,7 +374,8 @@ def main(argv):
         model = torch.compile(model)
     eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
     T, B = model_args["block_size"], o["batch_size"]
     n_params = sum(p.numel() for p in raw_model.parameters())
@@ -402,72 +403,75 @@ def main(argv):
     from tqdm import tqdm
     bar = tqdm(total=o["max_iters"], initial=iter_num, disable=not master, dynamic_ncols=True)
     train_time, tokens_since = 0.0, 0  # tokens/s counts training steps only, not evaluation
-    while True:
-        if iter_num % o["eval_interval"] == 0 or iter_num >= o["max_iters"]:
-            val = open_split(o["data_dir"], o["dataset"], "val", meta)
-            val_loss = evaluate(eval_model, val, T, o["eval_iters"] * B, B, rank, world, device, ctx)
-            if not math.isfinite(val_loss):
-                raise ConfigError(f"validation loss is {val_loss} at step {iter_num}; the last good checkpoint "
-                                  "is kept; lower --learning_rate or use --dtype float32")
-            stats = raw_model.stats() if hasattr(raw_model, "stats") else {}
-            record = {"iter": iter_num, "val_loss": val_loss, **stats}
-            log(record)
-            best_val = min(best_val, val_loss)
-            if master:
-                bar.write(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-                save_checkpoint(ckpt_path, {
-                    "model_name": o["model"], "model_args": model_args, "train_config": o,
-                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "iter_num": iter_num, "best_val_loss": best_val, "meta": meta,
-                    "rng": {"torch": [torch.get_rng_state()]},
-                })
-        if iter_num >= o["max_iters"]:
-            break
+    try:
+        while True:
+            if iter_num % o["eval_interval"] == 0 or iter_num >= o["max_iters"]:
+                val = open_split(o["data_dir"], o["dataset"], "val", meta)
+                val_loss = evaluate(eval_model, val, T, o["eval_iters"] * B, B, rank, world, device, ctx)
+                if not math.isfinite(val_loss):
+                    raise ConfigError(f"validation loss is {val_loss} at step {iter_num}; the last good checkpoint "
+                                      "is kept; lower --learning_rate or use --dtype float32")
+                stats = raw_model.stats() if hasattr(raw_model, "stats") else {}
+                record = {"iter": iter_num, "val_loss": val_loss, **stats}
+                log(record)
+                best_val = min(best_val, val_loss)
+                if master:
+                    bar.write(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in record.items()))
+                    save_checkpoint(ckpt_path, {
+                        "model_name": o["model"], "model_args": model_args, "train_config": o,
+                        "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "iter_num": iter_num, "best_val_loss": best_val, "meta": meta,
+                        "rng": {"torch": [torch.get_rng_state()]},
+                    })
+            if iter_num >= o["max_iters"]:
+                break
 
-        t0 = time.time()
-        factor = lr_factor(iter_num, o)
-        for g in optimizer.param_groups:
-            g["lr"] = g["base_lr"] * factor
-        train = open_split(o["data_dir"], o["dataset"], "train", meta)
-        offsets = train_offsets(len(train), T, o["seed"], iter_num, world * accum * B)
-        step_loss = torch.zeros((), device=device)
-        for micro in range(accum):
-            x, y = windows(train, offsets[(rank * accum + micro) * B:(rank * accum + micro + 1) * B], T)
-            # gradients are all-reduced only on the last micro-step
-            sync = world == 1 or micro == accum - 1
-            with (nullcontext() if sync else model.no_sync()), ctx:
-                _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-                loss = loss / accum
-            loss.backward()
-            step_loss += loss.detach()
-        if world > 1:
-            torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
-        if not torch.isfinite(step_loss):
-            raise ConfigError(f"the training loss is {step_loss.item()} at step {iter_num}; the last good "
-                              f"checkpoint in {o['out_dir']} is kept; lower --learning_rate or use --dtype float32")
-        if o["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if hasattr(raw_model, "after_step"):
-            raw_model.after_step()
-        iter_num += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        train_time += time.time() - t0
-        tokens_since += world * accum * B * T
-        bar.update(1)
-        if iter_num % o["log_interval"] == 0:
-            tok_s = tokens_since / train_time
-            record = {"iter": iter_num, "loss": step_loss.item(), "lr": o["learning_rate"] * factor,
-                      "tok_per_s": tok_s}
-            if peak:
-                record["mfu"] = raw_model.flops_per_token(T) * tok_s / (peak * world)
-            log(record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{tok_s:,.0f}",
-                            **({"mfu": f"{100 * record['mfu']:.1f}%"} if peak else {}))
-            train_time, tokens_since = 0.0, 0
-    bar.close()
+            t0 = time.time()
+            factor = lr_factor(iter_num, o)
+            for g in optimizer.param_groups:
+                g["lr"] = g["base_lr"] * factor
+            train = open_split(o["data_dir"], o["dataset"], "train", meta)
+            offsets = train_offsets(len(train), T, o["seed"], iter_num, world * accum * B)
+            step_loss = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = windows(train, offsets[(rank * accum + micro) * B:(rank * accum + micro + 1) * B], T)
+                # gradients are all-reduced only on the last micro-step
+                sync = world == 1 or micro == accum - 1
+                with (nullcontext() if sync else model.no_sync()), ctx:
+                    _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                    loss = loss / accum
+                loss.backward()
+                step_loss += loss.detach()
+            if world > 1:
+                torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+            if not torch.isfinite(step_loss):
+                raise ConfigError(f"the training loss is {step_loss.item()} at step {iter_num}; the last good "
+                                  f"checkpoint in {o['out_dir']} is kept; lower --learning_rate or use --dtype float32")
+            if o["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if hasattr(raw_model, "after_step"):
+                raw_model.after_step()
+            iter_num += 1
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            train_time += time.time() - t0
+            tokens_since += world * accum * B * T
+            bar.update(1)
+            if iter_num % o["log_interval"] == 0:
+                tok_s = tokens_since / train_time
+                record = {"iter": iter_num, "loss": step_loss.item(), "lr": o["learning_rate"] * factor,
+                          "tok_per_s": tok_s}
+                if peak:
+                    record["mfu"] = raw_model.flops_per_token(T) * tok_s / (peak * world)
+                log(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{tok_s:,.0f}",
+                                **({"mfu": f"{100 * record['mfu']:.1f}%"} if peak else {}))
+                train_time, tokens_since = 0.0, 0
+    finally:
+        bar.close()  # before any error line, so that it does not share the bar's line
     if world > 1:
         torch.distributed.destroy_process_group()
 
