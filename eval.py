@@ -1,16 +1,30 @@
 """
-Evaluate a checkpoint: python eval.py --out_dir out [--tokens N] [--logit_lens] [--json]
+Evaluate checkpoints: python eval.py --out_dir out [out2 ...] [--tokens N] [analyses] [--json]
 
 Loss and perplexity over the whole validation split (or its first --tokens tokens), read as consecutive
-windows of the model's context so that every token is predicted exactly once.
---logit_lens: for every layer, the loss and the mean probability of the correct next token when the final
-norm and the head read that layer's output (seed 000 Figure 9).
+windows of the model's context so that every token is predicted exactly once. The analyses:
+--logit_lens  for every layer, the loss and the mean probability of the correct next token when the final norm
+              and the head read that layer's output (seed 000 Figure 9); one curve per --out_dir in one plot.
+--depth_map   the model's cross-layer weights, depth_map(), as a layers x sources table (seed 000 Tables 5-7)
+              and a heat map, read after one forward pass over --batch_size validation windows (the maps of
+              attnres and aila depend on the input; skipmiddle's mean gates are measured on it).
+--mc FILE     few-shot multiple choice (seed 000 Table 4, as lm-evaluation-harness scores it): every choice is
+              scored by the log-likelihood of its continuation after --k_shot solved examples; acc, and
+              acc_norm with the log-likelihood per character of the continuation.
+--lm_eval T   the tasks T (comma-separated) through lm-evaluation-harness itself (pip install lm-eval).
+The PNGs (logit_lens.png, depth_map.png) need matplotlib (pip install matplotlib).
+
+    python eval.py --out_dir out-vanilla out-vertical --logit_lens --depth_map
+    python eval.py --out_dir out-vertical --loss=false --mc hellaswag_val.jsonl --k_shot 4
 """
 import argparse
 import json
 import math
 import os
+import random
+import re
 import sys
+import textwrap
 from contextlib import nullcontext
 
 import numpy as np
@@ -18,26 +32,73 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from prepare import get_tokenizer
 from train import ArgumentParser, ConfigError, fail, load_checkpoint, read_meta, str2bool
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows the docstring as written and every option's default."""
+
+
+def plot_option(s):
+    return "auto" if s == "auto" else str2bool(s)
+
+
 def parse_args(argv):
-    p = ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (or a path to a .pt file)")
+    p = ArgumentParser(description=__doc__.strip(), formatter_class=HelpFormatter)
+    p.add_argument("--out_dir", nargs="+", default=["out"],
+                   help="run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in turn")
     p.add_argument("--data_dir", default="", help="folder of prepared data sets; '' = the one the run trained on")
     p.add_argument("--dataset", default="", help="'' = the data set the run trained on")
-    p.add_argument("--split", default="val", choices=["val", "train"])
+    p.add_argument("--split", default="val", choices=["val", "train"], help="the split to evaluate on")
     p.add_argument("--tokens", type=int, default=0, help="evaluate the first N tokens of the split; 0 = all")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--batch_size", type=int, default=8, help="windows (or scored continuations) per forward pass")
+    p.add_argument("--loss", type=str2bool, nargs="?", const=True, default=True,
+                   help="loss and perplexity over the split; false = only the analyses asked for")
     p.add_argument("--logit_lens", type=str2bool, nargs="?", const=True, default=False,
                    help="per-layer loss and mean probability of the correct next token")
+    p.add_argument("--depth_map", type=str2bool, nargs="?", const=True, default=False,
+                   help="print the model's depth_map() (and save out_dir/depth_map.png)")
+    p.add_argument("--mc", default="", help="few-shot multiple choice on this jsonl file: context/choices/label, "
+                   "or HellaSwag (ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
+    p.add_argument("--k_shot", type=int, default=4, help="solved examples before each question (--mc, --lm_eval)")
+    p.add_argument("--mc_limit", type=int, default=0, help="score the first N questions only (--mc, --lm_eval); 0 = all")
+    p.add_argument("--seed", type=int, default=1337, help="draws the --k_shot examples")
+    p.add_argument("--lm_eval", default="", help="lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa")
+    p.add_argument("--plot", type=plot_option, nargs="?", const=True, default="auto",
+                   help="save PNGs: auto = when matplotlib is installed, true, false")
+    p.add_argument("--plot_path", default="", help="the logit lens figure; '' = logit_lens.png in the first out_dir")
     p.add_argument("--json", type=str2bool, nargs="?", const=True, default=False,
-                   help="print the results as one JSON object")
+                   help="print the results as one JSON object per checkpoint, one per line")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA where supported), float32, bfloat16")
-    return p.parse_args(argv)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto = bfloat16 on CUDA where supported, else float32")
+    args = p.parse_args(argv)
+    for name in ("tokens", "k_shot", "mc_limit"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name} must be 0 or more, not {getattr(args, name)}")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch_size must be 1 or more, not {args.batch_size}")
+    return args
 
+
+def run_folder(out_dir):
+    return (os.path.dirname(out_dir) or ".") if out_dir.endswith(".pt") else out_dir
+
+
+def import_pyplot():
+    """matplotlib.pyplot drawing to files only, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# loss, perplexity and the logit lens
 
 @torch.no_grad()
 def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=False, progress=True):
@@ -69,37 +130,366 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
     return nll / count, prob / count, count
 
 
+def plot_logit_lens(plt, results, path):
+    """Seed 000 Figure 9: loss and p(correct) of every layer's logit lens, one curve per checkpoint."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        layers = [row["layer"] for row in r["logit_lens"]]
+        label = f"{r['model']} ({os.path.basename(os.path.normpath(run_folder(r['out_dir'])))})"
+        for ax, key in zip(axes, ("loss", "p_correct")):
+            ax.plot(layers, [row[key] for row in r["logit_lens"]], marker="o", label=label)
+    for ax, ylabel in zip(axes, ("loss (nats)", "p(correct next token)")):
+        ax.set(xlabel="layer", ylabel=ylabel, title=f"logit lens: {ylabel}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the depth map
+
+@torch.no_grad()
+def read_depth_map(model, model_name, data, block_size, batch_size, device, ctx):
+    """model.depth_map() as a float tensor (rows, sources), after one forward over the first validation windows:
+    attnres and aila record their input-dependent weights during a forward, skipmiddle its gates."""
+    if not hasattr(model, "depth_map"):
+        raise ConfigError(f"model_{model_name}.py has no depth_map(): it learns no cross-layer weights to show; "
+                          "--depth_map applies to the models whose file defines one")
+    T = min(block_size, len(data))
+    n = max(1, min(batch_size, len(data) // T))
+    x = torch.from_numpy(data[:n * T].astype(np.int64)).view(n, T).to(device)
+    with ctx:
+        model(x)
+    try:
+        m = model.depth_map()
+    except RuntimeError as e:
+        raise ConfigError(f"model_{model_name}.py's depth_map() failed after a forward pass: {e}")
+    if m is None:
+        raise ConfigError(f"model_{model_name}.py's depth_map() returned nothing after a forward pass")
+    return m.detach().float().cpu()
+
+
+def row_labels(n_rows, n_layer):
+    if n_rows == n_layer:
+        return [f"layer {l + 1}" for l in range(n_rows)]
+    if n_rows == 2 * n_layer + 1:  # one row per sublayer, then the output (attnres)
+        return [f"{kind} {l // 2 + 1}" for l, kind in zip(range(2 * n_layer), ["attn", "mlp"] * n_layer)] + ["output"]
+    return [f"row {r}" for r in range(n_rows)]
+
+
+def format_depth_map(m, n_layer, decimals=2):
+    """The map as text lines: one row per layer, one column per source (seed 000 Tables 5-7)."""
+    labels = row_labels(m.size(0), n_layer)
+    width, cell = max(len(s) for s in labels), decimals + 4
+    lines = [" " * width + " | " + " ".join(f"{c:>{cell}}" for c in range(m.size(1))) + "   (source)"]
+    for label, row in zip(labels, m.tolist()):
+        lines.append(f"{label:>{width}} | " + " ".join(f"{v:{cell}.{decimals}f}" for v in row))
+    return lines
+
+
+def plot_depth_map(plt, m, n_layer, title, path):
+    rows, cols = m.shape
+    fig, ax = plt.subplots(figsize=(min(2.5 + 0.55 * cols, 16), min(1.5 + 0.4 * rows, 16)))
+    image = ax.imshow(m.numpy(), cmap="Blues", vmin=0, vmax=max(1.0, m.max().item()))
+    if rows * cols <= 400:  # the numbers too, as in the paper's tables, while they still fit
+        for r in range(rows):
+            for c in range(cols):
+                ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if m[r, c] > 0.6 else "black")
+    ax.set_xticks(range(cols))
+    ax.set_yticks(range(rows), labels=row_labels(rows, n_layer))
+    ax.set(xlabel="source", title=title)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# log-likelihood of continuations: the multiple-choice scorer and the lm-evaluation-harness adapter share it
+
+def encode_pair(encode, eot, context, continuation):
+    """(context ids, continuation ids) split as lm-evaluation-harness splits them: the context's trailing
+    whitespace moves to the continuation, whose ids are what encoding the whole adds after the context; an empty
+    context is the end-of-text token (documents start after one in the training data)."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole, context_ids = encode(context + continuation), encode(context)
+    return (context_ids or [eot]), whole[len(context_ids):]
+
+
+@torch.no_grad()
+def score_continuations(model, pairs, block_size, batch_size, device, ctx, progress=False):
+    """For (context ids, continuation ids) pairs: (sum of log p(continuation | context), whether greedy decoding
+    gives the continuation). A prompt longer than block_size + 1 tokens is cut on the left (a continuation
+    longer than block_size keeps only its last block_size tokens)."""
+    order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))  # little padding
+    scores = [None] * len(pairs)
+    for start in tqdm(range(0, len(pairs), batch_size), disable=not progress, desc="score", unit="batch"):
+        batch = order[start:start + batch_size]
+        seqs = [(pairs[i][0] + pairs[i][1])[-(block_size + 1):] for i in batch]
+        x = torch.nn.utils.rnn.pad_sequence([torch.tensor(s[:-1]) for s in seqs], batch_first=True).to(device)
+        with ctx:
+            logits, _ = model(x)  # (B, T, vocab); right padding does not change the earlier positions
+        for row, i, s in zip(logits, batch, seqs):
+            n = min(len(pairs[i][1]), len(s) - 1)
+            logp = F.log_softmax(row[len(s) - 1 - n:len(s) - 1].float(), dim=-1)  # predictions of the last n ids
+            target = torch.tensor(s[len(s) - n:], device=device)
+            scores[i] = (logp.gather(-1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all()))
+    return scores
+
+
+def rolling_pairs(ids, eot, block_size):
+    """(context, continuation) windows that score every token of a document once (after the end-of-text token),
+    each with as much context as fits: lm-evaluation-harness's loglikelihood_rolling."""
+    tokens = [eot] + list(ids)
+    pairs = []
+    for start in range(1, len(tokens), block_size):
+        end = min(start + block_size, len(tokens))
+        pairs.append((tokens[max(0, end - 1 - block_size):start], tokens[start:end]))
+    return pairs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# few-shot multiple choice from a local jsonl file
+
+def clean_hellaswag(text):
+    # lm-evaluation-harness's preprocessing of the WikiHow part of HellaSwag
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+
+def normalise_mc(item):
+    """One question in any accepted format -> (context, choices, label index); ValueError names what is wrong.
+    HellaSwag, ARC and PIQA get lm-evaluation-harness's prompts (its hellaswag, arc_easy and piqa tasks)."""
+    if "context" in item:  # this script's own format
+        context, choices, label = item["context"], item["choices"], item["label"]
+    elif "endings" in item:  # HellaSwag
+        ctx = f"{item['ctx_a']} {item['ctx_b'].capitalize()}" if "ctx_a" in item else item["ctx"]
+        topic = f"{item['activity_label']}: " if item.get("activity_label") else ""
+        context = clean_hellaswag(topic + ctx)
+        choices, label = [clean_hellaswag(e) for e in item["endings"]], item["label"]
+    elif "question" in item:  # ARC: the Hugging Face layout, or the original one with the choices in the question
+        q = item["question"]
+        stem, options = (q["stem"], q["choices"]) if isinstance(q, dict) else (q, item["choices"])
+        if isinstance(options, list):
+            options = {"text": [o["text"] for o in options], "label": [o["label"] for o in options]}
+        context, choices = f"Question: {stem}\nAnswer:", options["text"]
+        if item["answerKey"] not in options["label"]:
+            raise ValueError(f"answerKey {item['answerKey']!r} is not one of the labels {options['label']}")
+        label = options["label"].index(item["answerKey"])
+    elif "goal" in item:  # PIQA
+        context, choices, label = f"Question: {item['goal']}\nAnswer:", [item["sol1"], item["sol2"]], item["label"]
+    else:
+        raise ValueError(f"unknown format (keys {', '.join(sorted(item))}); expected context/choices/label, "
+                         "ctx/endings/label, question/choices/answerKey or goal/sol1/sol2/label")
+    if not isinstance(context, str) or not isinstance(choices, list) or len(choices) < 2 \
+            or not all(isinstance(c, str) for c in choices):
+        raise ValueError("context must be a string and choices a list of at least two strings")
+    label = int(label)
+    if not 0 <= label < len(choices):
+        raise ValueError(f"label {label} is not an index of the {len(choices)} choices")
+    return context, choices, label
+
+
+def read_mc(path):
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError:
+        raise ConfigError(f"cannot read --mc file {path}")
+    items = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                items.append(normalise_mc(json.loads(line)))
+            except KeyError as e:
+                raise ConfigError(f"{path} line {n}: missing key {e}")
+            except (ValueError, TypeError, AttributeError) as e:
+                raise ConfigError(f"{path} line {n}: {e}")
+    if len(items) < 2:
+        raise ConfigError(f"{path} holds {len(items)} question(s); multiple choice needs at least 2")
+    return items
+
+
+def continuation(choice):
+    # lm-evaluation-harness joins context and answer with one space; a choice starting with whitespace keeps its own
+    return choice if choice[:1].isspace() else " " + choice
+
+
+def multiple_choice(model, items, encode, eot, block_size, args, device, ctx):
+    """acc and acc_norm of few-shot multiple choice: each question after k solved examples drawn (with --seed)
+    from the other questions, every example written "context continuation\\n\\n"."""
+    questions = items[:args.mc_limit or len(items)]
+    pairs, lengths = [], []
+    for q, (context, choices, _) in enumerate(questions):
+        rng = random.Random(args.seed * 1_000_003 + q)
+        shots = [i for i in rng.sample(range(len(items)), min(args.k_shot + 1, len(items))) if i != q]
+        prefix = "".join(f"{items[i][0]}{continuation(items[i][1][items[i][2]])}\n\n" for i in shots[:args.k_shot])
+        for choice in choices:
+            pairs.append(encode_pair(encode, eot, prefix + context, continuation(choice)))
+            lengths.append(len(continuation(choice)))
+    scores = score_continuations(model, pairs, block_size, args.batch_size, device, ctx, progress=not args.json)
+    acc = acc_norm = 0
+    at = 0
+    for q, (_, choices, label) in enumerate(questions):
+        logp = [scores[at + c][0] for c in range(len(choices))]
+        per_char = [lp / lengths[at + c] for c, lp in enumerate(logp)]  # lm-eval's acc_norm (per character)
+        acc += int(np.argmax(logp) == label)
+        acc_norm += int(np.argmax(per_char) == label)
+        at += len(choices)
+    n = len(questions)
+    return {"file": args.mc, "questions": n, "k_shot": args.k_shot, "acc": acc / n, "acc_norm": acc_norm / n,
+            "chance": sum(1 / len(c) for _, c, _ in questions) / n}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# lm-evaluation-harness (optional dependency)
+
+def import_lm_eval():
+    try:
+        import lm_eval
+        from lm_eval.api.model import LM
+    except ImportError as e:
+        raise ConfigError(f"--lm_eval needs lm-evaluation-harness ({e}): pip install lm-eval")
+    return lm_eval, LM
+
+
+def make_lm_eval_adapter(model, encode, eot, block_size, batch_size, device, ctx):
+    """An lm_eval.api.model.LM over a loaded checkpoint; the class is made here, so lm_eval is imported only
+    when it is used. It scores log-likelihoods (every multiple-choice and perplexity task); it does not generate."""
+    _, LM = import_lm_eval()
+
+    class LMEvalAdapter(LM):
+        def loglikelihood(self, requests, disable_tqdm=False):
+            pairs = [encode_pair(encode, eot, *r.args) for r in requests]
+            return score_continuations(model, pairs, block_size, batch_size, device, ctx, progress=not disable_tqdm)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            out = []
+            for r in tqdm(requests, disable=disable_tqdm, desc="rolling", unit="doc"):
+                windows = rolling_pairs(encode(r.args[0]), eot, block_size)
+                out.append(sum(lp for lp, _ in score_continuations(model, windows, block_size, batch_size,
+                                                                     device, ctx)))
+            return out
+
+        def generate_until(self, requests, disable_tqdm=False):
+            raise NotImplementedError("eval.py's lm_eval adapter scores log-likelihoods only: choose tasks that do "
+                                      "not generate text (hellaswag, arc_easy, arc_challenge, piqa, ...)")
+
+    return LMEvalAdapter()
+
+
+def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
+    lm_eval, _ = import_lm_eval()
+    adapter = make_lm_eval_adapter(model, encode, eot, block_size, args.batch_size, device, ctx)
+    tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
+    out = lm_eval.simple_evaluate(model=adapter, tasks=tasks, num_fewshot=args.k_shot, limit=args.mc_limit or None)
+    return {task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            for task, metrics in out["results"].items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
+    model, ckpt = load_checkpoint(out_dir, device)
+    model.eval()
+    name, block_size = ckpt["model_name"], ckpt["model_args"]["block_size"]
+    result = {"out_dir": out_dir, "model": name}
+    if args.loss or args.logit_lens or args.depth_map:
+        data_dir = args.data_dir or ckpt["train_config"]["data_dir"]
+        dataset = args.dataset or ckpt["train_config"]["dataset"]
+        meta = read_meta(data_dir, dataset)
+        if meta["tokenizer"] != ckpt["meta"]["tokenizer"]:
+            raise ConfigError(f"data set {dataset} uses the {meta['tokenizer']} tokenizer but the model was trained "
+                              f"with {ckpt['meta']['tokenizer']}; choose a data set prepared with that tokenizer")
+        data = np.memmap(os.path.join(data_dir, dataset, f"{args.split}.bin"), dtype=np.dtype(meta["dtype"]),
+                         mode="r")
+        if args.tokens:
+            data = data[:args.tokens + 1]
+        if len(data) < 2:
+            raise ConfigError(f"the {args.split} split of {dataset} holds {len(data)} token(s); it needs 2 or more")
+        result.update(dataset=dataset, split=args.split)
+    if args.depth_map and not hasattr(model, "depth_map") and len(args.out_dir) > 1:
+        print(f"note: model_{name}.py has no depth_map(); {out_dir} is compared without one",
+              file=sys.stderr if args.json else sys.stdout)
+    elif args.depth_map:  # before the loss pass: skipmiddle's map averages the forwards since the model was loaded
+        m = read_depth_map(model, name, data, block_size, args.batch_size, device, ctx)
+        result["depth_map"] = m.tolist()
+        if plt is not None:
+            result["depth_map_png"] = os.path.join(run_folder(out_dir), "depth_map.png")
+            plot_depth_map(plt, m, model.config.n_layer, f"model_{name}.py depth map", result["depth_map_png"])
+    if args.loss or args.logit_lens:
+        loss, prob, count = evaluate_split(model, data, block_size, args.batch_size, device, ctx,
+                                           logit_lens=args.logit_lens, progress=not args.json)
+        result.update(tokens=count, loss=loss[-1].item(), perplexity=math.exp(loss[-1].item()))
+        if args.logit_lens:
+            result["logit_lens"] = [{"layer": l + 1, "loss": loss[l].item(), "p_correct": prob[l].item()}
+                                    for l in range(len(loss) - 1)]
+    if args.mc or args.lm_eval:
+        encode, _, _, eot = get_tokenizer(ckpt["meta"]["tokenizer"])
+        if args.mc:
+            result["mc"] = multiple_choice(model, mc_items, encode, eot, block_size, args, device, ctx)
+        if args.lm_eval:
+            result["lm_eval"] = run_lm_eval(model, encode, eot, block_size, args, device, ctx)
+    return result, model
+
+
+def report(result, model, args):
+    if args.json:
+        print(json.dumps(result), flush=True)
+        return
+    where = f" on {result['dataset']}/{result['split']}" if "dataset" in result else ""
+    print(f"{result['model']} ({result['out_dir']}){where}" + (
+        f": {result['tokens']:,} tokens | loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}"
+        if "loss" in result else ""))
+    for row in result.get("logit_lens", []):
+        print(f"  layer {row['layer']:>2}: loss {row['loss']:.4f} | p(correct) {row['p_correct']:.4f}")
+    if "depth_map" in result:
+        doc = " ".join((model.depth_map.__doc__ or "").split())
+        print(textwrap.indent(textwrap.fill(f"depth_map(): {doc}", 110), "  "))
+        for line in format_depth_map(torch.tensor(result["depth_map"]), model.config.n_layer):
+            print("  " + line)
+        if "depth_map_png" in result:
+            print(f"  heat map: {result['depth_map_png']}")
+    if "mc" in result:
+        mc = result["mc"]
+        print(f"  multiple choice, {mc['k_shot']}-shot, {mc['questions']} questions from {mc['file']}: "
+              f"acc {mc['acc']:.4f} | acc_norm {mc['acc_norm']:.4f} | chance {mc['chance']:.4f}")
+    for task, metrics in result.get("lm_eval", {}).items():
+        print(f"  lm_eval {task}: " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
 def main(argv):
     args = parse_args(argv)
+    if args.lm_eval:
+        import_lm_eval()  # fail before any work when it is missing
+    mc_items = read_mc(args.mc) if args.mc else None
+    plt = None
+    if args.plot is not False and (args.logit_lens or args.depth_map):
+        plt = import_pyplot()
+        if plt is None and args.plot is True:
+            raise ConfigError("--plot needs matplotlib: pip install matplotlib")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.startswith("cuda")
                                             and torch.cuda.is_bf16_supported())
     ctx = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    model, ckpt = load_checkpoint(args.out_dir, device)
-    model.eval()
-    data_dir = args.data_dir or ckpt["train_config"]["data_dir"]
-    dataset = args.dataset or ckpt["train_config"]["dataset"]
-    meta = read_meta(data_dir, dataset)
-    if meta["tokenizer"] != ckpt["meta"]["tokenizer"]:
-        raise ConfigError(f"data set {dataset} uses the {meta['tokenizer']} tokenizer but the model was trained "
-                          f"with {ckpt['meta']['tokenizer']}; choose a data set prepared with that tokenizer")
-    data = np.memmap(os.path.join(data_dir, dataset, f"{args.split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
-    if args.tokens:
-        data = data[:args.tokens + 1]
-    loss, prob, count = evaluate_split(model, data, ckpt["model_args"]["block_size"], args.batch_size, device,
-                                       ctx, logit_lens=args.logit_lens, progress=not args.json)
-    result = {"model": ckpt["model_name"], "dataset": dataset, "split": args.split, "tokens": count,
-              "loss": loss[-1].item(), "perplexity": math.exp(loss[-1].item())}
-    if args.logit_lens:
-        result["logit_lens"] = [{"layer": l + 1, "loss": loss[l].item(), "p_correct": prob[l].item()}
-                                for l in range(len(loss) - 1)]
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(f"{result['model']} on {dataset}/{args.split}: {count:,} tokens | loss {result['loss']:.4f} | "
-          f"perplexity {result['perplexity']:.3f}")
-    for row in result.get("logit_lens", []):
-        print(f"  layer {row['layer']:>2}: loss {row['loss']:.4f} | p(correct) {row['p_correct']:.4f}")
+    results = []
+    for out_dir in args.out_dir:
+        result, model = evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt)
+        report(result, model, args)
+        results.append(result)
+        del model
+    say = sys.stderr if args.json else sys.stdout  # keep stdout JSON only
+    if args.logit_lens and plt is not None:
+        path = args.plot_path or os.path.join(run_folder(args.out_dir[0]), "logit_lens.png")
+        plot_logit_lens(plt, results, path)
+        print(f"logit lens figure: {path}", file=say)
+    if (args.logit_lens or args.depth_map) and plt is None and args.plot == "auto":
+        print("note: PNGs skipped, matplotlib is not installed (pip install matplotlib)", file=say)
 
 
 if __name__ == "__main__":
