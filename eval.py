@@ -135,7 +135,8 @@ def plot_logit_lens(plt, results, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
         layers = [row["layer"] for row in r["logit_lens"]]
-        label = f"{r['model']} ({os.path.basename(os.path.normpath(run_folder(r['out_dir'])))})"
+        folder = os.path.basename(os.path.abspath(run_folder(r["out_dir"])))
+        label = folder if r["model"] in folder else f"{r['model']} ({folder})"
         for ax, key in zip(axes, ("loss", "p_correct")):
             ax.plot(layers, [row[key] for row in r["logit_lens"]], marker="o", label=label)
     for ax, ylabel in zip(axes, ("loss (nats)", "p(correct next token)")):

@@ -445,9 +445,6 @@ def main(argv):
                 step_loss += loss.detach()
             if world > 1:
                 torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
-            if not torch.isfinite(step_loss):
-                raise ConfigError(f"the training loss is {step_loss.item()} at step {iter_num}; the last good "
-                                  f"checkpoint in {o['out_dir']} is kept; lower --learning_rate or use --dtype float32")
             if o["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
             optimizer.step()
@@ -464,6 +461,12 @@ def main(argv):
                 tok_s = tokens_since / train_time
                 record = {"iter": iter_num, "loss": step_loss.item(), "lr": o["learning_rate"] * factor,
                           "tok_per_s": tok_s}
+                # checked here, where the loss is read anyway (no extra GPU sync per step); a NaN between two
+                # logs is caught by the validation loss before any checkpoint is written
+                if not math.isfinite(record["loss"]):
+                    raise ConfigError(f"the training loss is {record['loss']} at step {iter_num}; the last good "
+                                      f"checkpoint in {o['out_dir']} is kept; lower --learning_rate "
+                                      "or use --dtype float32")
                 if peak:
                     record["mfu"] = raw_model.flops_per_token(T) * tok_s / (peak * world)
                 log(record)
