@@ -41,7 +41,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def plot_option(s):
-    return "auto" if s == "auto" else str2bool(s)
+    try:
+        return "auto" if s == "auto" else str2bool(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {s!r}")
 
 
 def parse_args(argv):
@@ -62,7 +65,8 @@ def parse_args(argv):
     p.add_argument("--mc", default="", help="few-shot multiple choice on this jsonl file: context/choices/label, "
                    "or HellaSwag (ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
     p.add_argument("--k_shot", type=int, default=4, help="solved examples before each question (--mc, --lm_eval)")
-    p.add_argument("--mc_limit", type=int, default=0, help="score the first N questions only (--mc, --lm_eval); 0 = all")
+    p.add_argument("--mc_limit", type=int, default=0,
+                   help="score the first N questions only (--mc, --lm_eval); 0 = all")
     p.add_argument("--seed", type=int, default=1337, help="draws the --k_shot examples")
     p.add_argument("--lm_eval", default="", help="lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa")
     p.add_argument("--plot", type=plot_option, nargs="?", const=True, default="auto",
@@ -233,13 +237,14 @@ def score_continuations(model, pairs, block_size, batch_size, device, ctx, progr
     for start in tqdm(range(0, len(pairs), batch_size), disable=not progress, desc="score", unit="batch"):
         batch = order[start:start + batch_size]
         seqs = [(pairs[i][0] + pairs[i][1])[-(block_size + 1):] for i in batch]
-        x = torch.nn.utils.rnn.pad_sequence([torch.tensor(s[:-1]) for s in seqs], batch_first=True).to(device)
+        xs = [torch.tensor(s[:-1], dtype=torch.long) for s in seqs]
+        x = torch.nn.utils.rnn.pad_sequence(xs, batch_first=True).to(device)
         with ctx:
             logits, _ = model(x)  # (B, T, vocab); right padding does not change the earlier positions
         for row, i, s in zip(logits, batch, seqs):
             n = min(len(pairs[i][1]), len(s) - 1)
             logp = F.log_softmax(row[len(s) - 1 - n:len(s) - 1].float(), dim=-1)  # predictions of the last n ids
-            target = torch.tensor(s[len(s) - n:], device=device)
+            target = torch.tensor(s[len(s) - n:], dtype=torch.long, device=device)
             scores[i] = (logp.gather(-1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all()))
     return scores
 
@@ -267,6 +272,8 @@ def clean_hellaswag(text):
 def normalise_mc(item):
     """One question in any accepted format -> (context, choices, label index); ValueError names what is wrong.
     HellaSwag, ARC and PIQA get lm-evaluation-harness's prompts (its hellaswag, arc_easy and piqa tasks)."""
+    if not isinstance(item, dict):
+        raise ValueError("expected a JSON object")
     if "context" in item:  # this script's own format
         context, choices, label = item["context"], item["choices"], item["label"]
     elif "endings" in item:  # HellaSwag
@@ -325,23 +332,20 @@ def multiple_choice(model, items, encode, eot, block_size, args, device, ctx):
     """acc and acc_norm of few-shot multiple choice: each question after k solved examples drawn (with --seed)
     from the other questions, every example written "context continuation\\n\\n"."""
     questions = items[:args.mc_limit or len(items)]
-    pairs, lengths = [], []
+    pairs = []
     for q, (context, choices, _) in enumerate(questions):
-        rng = random.Random(args.seed * 1_000_003 + q)
+        rng = random.Random(args.seed * 1_000_003 + q)  # the same examples for every checkpoint
         shots = [i for i in rng.sample(range(len(items)), min(args.k_shot + 1, len(items))) if i != q]
-        prefix = "".join(f"{items[i][0]}{continuation(items[i][1][items[i][2]])}\n\n" for i in shots[:args.k_shot])
-        for choice in choices:
-            pairs.append(encode_pair(encode, eot, prefix + context, continuation(choice)))
-            lengths.append(len(continuation(choice)))
-    scores = score_continuations(model, pairs, block_size, args.batch_size, device, ctx, progress=not args.json)
+        solved = [items[i] for i in shots[:args.k_shot]]
+        prefix = "".join(f"{c}{continuation(answers[label])}\n\n" for c, answers, label in solved)
+        pairs += [encode_pair(encode, eot, prefix + context, continuation(choice)) for choice in choices]
+    scores = iter(score_continuations(model, pairs, block_size, args.batch_size, device, ctx, progress=not args.json))
     acc = acc_norm = 0
-    at = 0
-    for q, (_, choices, label) in enumerate(questions):
-        logp = [scores[at + c][0] for c in range(len(choices))]
-        per_char = [lp / lengths[at + c] for c, lp in enumerate(logp)]  # lm-eval's acc_norm (per character)
+    for _, choices, label in questions:
+        logp = [next(scores)[0] for _ in choices]
+        per_char = [lp / len(continuation(choice)) for lp, choice in zip(logp, choices)]  # lm-eval's acc_norm
         acc += int(np.argmax(logp) == label)
         acc_norm += int(np.argmax(per_char) == label)
-        at += len(choices)
     n = len(questions)
     return {"file": args.mc, "questions": n, "k_shot": args.k_shot, "acc": acc / n, "acc_norm": acc_norm / n,
             "chance": sum(1 / len(c) for _, c, _ in questions) / n}
@@ -443,10 +447,11 @@ def report(result, model, args):
     if args.json:
         print(json.dumps(result), flush=True)
         return
-    where = f" on {result['dataset']}/{result['split']}" if "dataset" in result else ""
-    print(f"{result['model']} ({result['out_dir']}){where}" + (
-        f": {result['tokens']:,} tokens | loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}"
-        if "loss" in result else ""))
+    line = f"{result['model']} ({result['out_dir']})"
+    if "loss" in result:
+        line += (f" on {result['dataset']}/{result['split']}: {result['tokens']:,} tokens | "
+                 f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}")
+    print(line)
     for row in result.get("logit_lens", []):
         print(f"  layer {row['layer']:>2}: loss {row['loss']:.4f} | p(correct) {row['p_correct']:.4f}")
     if "depth_map" in result:

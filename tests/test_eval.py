@@ -1,0 +1,202 @@
+"""eval.py's analyses end to end on tiny runs: depth map, logit lens over several checkpoints, few-shot multiple
+choice, and the lm-evaluation-harness adapter (against a stand-in for the lm_eval package)."""
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import types
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, model_names
+from test_scripts import TINY, one_line_error, run
+
+evalpy = importlib.import_module("eval")
+HAS_VERTICAL = os.path.exists(os.path.join(ROOT, "model_vertical.py"))
+# a higher learning rate without warm-up, so that 20 steps learn which bytes English text uses
+FAST = ["--max_iters=20", "--eval_interval=20", "--warmup_iters=0", "--learning_rate=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    """{model name: run folder} for a tiny vanilla run and, where model_vertical.py exists, a tiny vertical one."""
+    root = tmp_path_factory.mktemp("eval_runs")
+    out = {}
+    for name in ["vanilla"] + (["vertical"] if HAS_VERTICAL else []):
+        out[name] = str(root / name)
+        code, _, err = run("train.py", "--model", name, "--data_dir", data_dir, "--out_dir", out[name], *FAST, *TINY)
+        assert code == 0, err
+    return out
+
+
+def needs_vertical(runs):
+    if "vertical" not in runs:
+        pytest.skip("model_vertical.py is not there")
+    return runs["vertical"]
+
+
+def test_depth_map_rows_sum_to_one(runs):
+    out_dir = needs_vertical(runs)
+    code, out, err = run("eval.py", "--out_dir", out_dir, "--depth_map", "--loss=false", "--json")
+    assert code == 0, err
+    m = torch.tensor(json.loads(out)["depth_map"])
+    assert m.shape == (2, 2) and torch.isfinite(m).all()
+    assert torch.allclose(m.sum(-1), torch.ones(2), atol=1e-5)
+    assert m[0, 1] == 0  # layer 1 has one source
+
+
+def test_depth_map_of_a_model_without_one(runs):
+    one_line_error(run("eval.py", "--out_dir", runs["vanilla"], "--depth_map"), "model_vanilla.py", "depth_map()")
+
+
+@pytest.mark.parametrize("name", [n for n in model_names() if n != "vanilla"])
+def test_depth_map_table_of_every_model_file(name):
+    """The map read after a forward (input-dependent maps need one) prints as one line per row."""
+    try:
+        module = importlib.import_module(f"model_{name}")
+    except Exception as e:  # a model file in the making
+        pytest.skip(f"model_{name}.py does not import: {e}")
+    if not hasattr(module.GPT, "depth_map"):
+        pytest.skip(f"model_{name}.py has no depth_map()")
+    torch.manual_seed(0)
+    config = module.GPTConfig(vocab_size=257, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
+                              ffn_hidden=64)
+    model = module.GPT(config).eval()
+    data = np.random.default_rng(0).integers(0, 256, 100).astype(np.uint16)
+    m = evalpy.read_depth_map(model, name, data, 16, 2, "cpu", nullcontext())
+    assert m.dim() == 2 and torch.isfinite(m).all() and (m >= 0).all() and (m <= 1 + 1e-5).all()
+    lines = evalpy.format_depth_map(m, config.n_layer)
+    assert len(lines) == m.size(0) + 1
+    printed = [[float(v) for v in line.split("|")[1].split()] for line in lines[1:]]
+    assert np.allclose(printed, m.numpy(), atol=0.005)
+    if name == "vertical":
+        assert np.allclose(np.sum(printed, axis=1), 1, atol=0.02)
+
+
+def test_logit_lens_of_two_checkpoints(runs, tmp_path):
+    dirs = list(runs.values()) if len(runs) > 1 else [runs["vanilla"], runs["vanilla"]]
+    png = tmp_path / "lens.png"
+    code, out, err = run("eval.py", "--out_dir", *dirs, "--logit_lens", "--tokens=200", "--json", "--plot_path", png)
+    assert code == 0, err
+    results = [json.loads(line) for line in out.splitlines()]
+    assert [r["out_dir"] for r in results] == dirs
+    for r in results:
+        assert r["tokens"] == 200 and [row["layer"] for row in r["logit_lens"]] == [1, 2]
+        assert all(np.isfinite(row["loss"]) and 0 < row["p_correct"] < 1 for row in r["logit_lens"])
+    if importlib.util.find_spec("matplotlib"):
+        assert png.stat().st_size > 0
+    else:
+        assert not png.exists() and "pip install matplotlib" in err
+
+
+def test_mc_normalises_every_format():
+    own = {"context": "ROMEO:\nO", "choices": ["Romeo", "zq#xj"], "label": 0}
+    assert evalpy.normalise_mc(own) == ("ROMEO:\nO", ["Romeo", "zq#xj"], 0)
+    hellaswag = {"activity_label": "Baking cookies", "ctx_a": "A woman puts dough on a tray.", "ctx_b": "she",
+                 "ctx": "A woman puts dough on a tray. she", "endings": ["bakes it.", "eats [header] the tray."],
+                 "label": "0"}
+    assert evalpy.normalise_mc(hellaswag) == ("Baking cookies: A woman puts dough on a tray. She",
+                                              ["bakes it.", "eats the tray."], 0)
+    arc = {"question": "Which is a gas?", "choices": {"text": ["ice", "steam", "rock"], "label": ["A", "B", "C"]},
+           "answerKey": "B"}
+    assert evalpy.normalise_mc(arc) == ("Question: Which is a gas?\nAnswer:", ["ice", "steam", "rock"], 1)
+    arc_original = {"question": {"stem": "Which is a gas?", "choices": [{"text": "ice", "label": "1"},
+                                                                       {"text": "steam", "label": "2"}]},
+                    "answerKey": "2"}
+    assert evalpy.normalise_mc(arc_original) == ("Question: Which is a gas?\nAnswer:", ["ice", "steam"], 1)
+    piqa = {"goal": "Open a jar", "sol1": "twist the lid", "sol2": "eat the lid", "label": 0}
+    assert evalpy.normalise_mc(piqa) == ("Question: Open a jar\nAnswer:", ["twist the lid", "eat the lid"], 0)
+    for bad in ({"text": "no format"}, {**own, "label": 2}, {**own, "choices": ["one"]}):
+        with pytest.raises(ValueError):
+            evalpy.normalise_mc(bad)
+
+
+def shakespeare_mc(path):
+    """Questions whose right continuation is Shakespeare and whose wrong ones are as long but rare bytes."""
+    speeches = [("ROMEO:\nO", "Romeo, wherefore art thou"), ("JULIET:\nO", "that I were a glove upon"),
+                ("HAMLET:\nTo be, or not", "to be: that is the question"), ("LEAR:\nBlow, winds, and",
+                "crack your cheeks! rage!"), ("MACBETH:\nIs this a dagger", "which I see before me"),
+                ("PORTIA:\nThe quality of mercy", "is not strain'd, it droppeth")]
+    junk = "zq#xj!{~^|@QXZ" * 4
+    with open(path, "w") as f:
+        for i, (context, right) in enumerate(speeches):
+            choices = [junk[k:k + len(right)] for k in (0, 5, 9)]
+            choices.insert(i % 4, right)
+            f.write(json.dumps({"context": context, "choices": choices, "label": i % 4}) + "\n")
+
+
+def test_mc_picks_the_likely_continuation(runs, tmp_path):
+    shakespeare_mc(tmp_path / "mc.jsonl")  # 4 shots make the prompt longer than block_size 32: cropped
+    code, out, err = run("eval.py", "--out_dir", runs["vanilla"], "--loss=false", "--mc", tmp_path / "mc.jsonl",
+                         "--json")
+    assert code == 0, err
+    mc = json.loads(out)["mc"]
+    assert mc["questions"] == 6 and mc["k_shot"] == 4 and mc["chance"] == 0.25
+    assert mc["acc"] == 1.0 and mc["acc_norm"] == 1.0
+
+
+def test_mc_bad_file(runs, tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"context": "a", "choices": ["b", "c"], "label": 0}\n{"ctx": "a"}\n')
+    one_line_error(run("eval.py", "--out_dir", runs["vanilla"], "--mc", tmp_path / "bad.jsonl"), "line 2")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is not None, reason="lm_eval is installed")
+def test_lm_eval_missing(runs):
+    one_line_error(run("eval.py", "--out_dir", runs["vanilla"], "--lm_eval", "hellaswag"), "pip install lm-eval")
+
+
+def test_rolling_windows_score_every_token_once():
+    ids = list(range(100, 170))
+    for block_size in (8, 32, 100):
+        pairs = evalpy.rolling_pairs(ids, 256, block_size)
+        assert sum((k for _, k in pairs), []) == ids
+        assert all(c and len(c) + len(k) <= block_size + 1 for c, k in pairs)
+
+
+def test_lm_eval_adapter(runs, monkeypatch):
+    """The adapter against a stand-in lm_eval: loglikelihood agrees with a plain forward pass."""
+    lm_eval, api, api_model = (types.ModuleType(n) for n in ("lm_eval", "lm_eval.api", "lm_eval.api.model"))
+    api_model.LM = type("LM", (), {})
+    asked = {}
+
+    def simple_evaluate(model, tasks, num_fewshot, limit):
+        asked.update(tasks=tasks, num_fewshot=num_fewshot, limit=limit)
+        lp, greedy = model.loglikelihood([types.SimpleNamespace(args=("ROMEO:\n", "O Romeo"))])[0]
+        return {"results": {"toy": {"alias": "toy", "ll,none": lp, "greedy,none": float(greedy)}}}
+
+    lm_eval.simple_evaluate, lm_eval.api, api.model = simple_evaluate, api, api_model
+    for name, module in (("lm_eval", lm_eval), ("lm_eval.api", api), ("lm_eval.api.model", api_model)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+    model, ckpt = evalpy.load_checkpoint(runs["vanilla"])
+    model.eval()
+    encode, _, _, eot = evalpy.get_tokenizer(ckpt["meta"]["tokenizer"])
+    adapter = evalpy.make_lm_eval_adapter(model, encode, eot, 32, 4, "cpu", nullcontext())
+    assert isinstance(adapter, api_model.LM)
+
+    def token_logprobs(ids):
+        ids = torch.tensor(ids)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids[None, :-1])[0][0].float(), -1)
+        return logp.gather(-1, ids[1:, None])[:, 0]
+
+    text = "ROMEO:\nO Romeo"
+    (lp, _), = adapter.loglikelihood([types.SimpleNamespace(args=("ROMEO:\n", "O Romeo"))])
+    # the context's trailing newline moves to the continuation: 8 bytes scored
+    assert abs(lp - token_logprobs(encode(text))[-8:].sum().item()) < 1e-4
+    rolling = adapter.loglikelihood_rolling([types.SimpleNamespace(args=(text,)),
+                                             types.SimpleNamespace(args=(text * 5,))])  # 70 bytes: 3 windows
+    assert abs(rolling[0] - token_logprobs([eot] + encode(text)).sum().item()) < 1e-4
+    assert np.isfinite(rolling[1]) and rolling[1] < rolling[0] < 0
+    with pytest.raises(NotImplementedError):
+        adapter.generate_until([])
+
+    args = argparse.Namespace(lm_eval="toy, other", k_shot=2, mc_limit=0, batch_size=4)
+    results = evalpy.run_lm_eval(model, encode, eot, 32, args, "cpu", nullcontext())
+    assert asked == {"tasks": ["toy", "other"], "num_fewshot": 2, "limit": None}
+    assert set(results["toy"]) == {"ll,none", "greedy,none"} and abs(results["toy"]["ll,none"] - lp) < 1e-4
