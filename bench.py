@@ -82,6 +82,8 @@ def parse_args(argv):
     p.add_argument("--n_layer", type=int, default=0, help="sweep or speed: number of layers; 0 = the --size shape's")
     p.add_argument("--eval_points", type=int, default=10, help="sweep: validation evaluations per run (the curves)")
     p.add_argument("--max_runs", type=int, default=0, help="sweep: stop after this many new runs; 0 = all")
+    p.add_argument("--table_only", type=str2bool, nargs="?", const=True, default=False,
+                   help="sweep: train nothing; write the table and curves from the runs results.json holds")
     p.add_argument("--results", default="results", help="sweep: folder of results.json, RESULTS.md, curves.png")
     p.add_argument("--runs_dir", default="out/bench", help="sweep: folder of the runs' checkpoints and logs")
     p.add_argument("--eval_batch_size", type=int, default=16, help="sweep: windows per eval forward")
@@ -305,7 +307,7 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
     json_path = os.path.join(args.results, "results.json")
     saved = json.load(open(json_path)).get("runs", []) if os.path.exists(json_path) else []
     done = {r["key"]: r for r in saved}  # runs of other configurations stay in the file, unused
-    command = ["bench.py", *[a for a in argv if not a.startswith("--max_runs")]]
+    command = ["bench.py", *without_options(argv, "--max_runs", "--table_only")]  # the command that regenerates
     header = {"command": command, "hardware": hardware, "dtype": dtype, "torch": torch.__version__,
               "size": args.size, "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
               "train_iters": args.train_iters, "seeds": [args.seed + i for i in range(args.seeds)]}
@@ -318,8 +320,9 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
     for label, seed, options, key in plan:
         if key in done:
             continue
-        if args.max_runs and new == args.max_runs:
-            print(f"stopped after {new} new runs (--max_runs); the same command goes on from here", file=sys.stderr)
+        if args.table_only or (args.max_runs and new == args.max_runs):
+            print(f"stopped after {new} new runs; the same command without --max_runs or --table_only goes on from here",
+                  file=sys.stderr)
             break
         print(f"training {label}, seed {seed} ({len(done.keys() & {p[3] for p in plan}) + 1} of {len(plan)})",
               file=sys.stderr)
@@ -327,6 +330,8 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
         new += 1
         write_json(json_path, {**header, "runs": list(done.values())})  # after every run: nothing is lost
     runs = [done[key] for *_, key in plan if key in done]
+    if not runs:
+        return []
     rows = aggregate(runs, [label for label, *_ in RUNS if label in labels])
     write_json(json_path, {**header, "summary": rows, "runs": list(done.values())})
     table = results_table(rows, runs, header, args)
@@ -337,6 +342,19 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
     print(table)
     plot_curves(rows, runs, os.path.join(args.results, "curves.png"))
     return rows
+
+
+def without_options(argv, *names):
+    """argv less the named options, in either form (--name=value or --name value)."""
+    kept, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+        elif a.split("=")[0] in names:
+            skip = "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        else:
+            kept.append(a)
+    return kept
 
 
 def write_json(path, data):

@@ -70,7 +70,7 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
     data_dir = small_data
     readme_before = open(os.path.join(ROOT, "README.md")).read()
     json_path = tmp_path / "results" / "results.json"
-    sweep(data_dir, tmp_path, "--max_runs=3")  # stops after 3 of the 4 runs (vanilla, vertical) x (1337, 1338)
+    sweep(data_dir, tmp_path, "--max_runs", "3")  # stops after 3 of the 4 runs (vanilla, vertical) x (1337, 1338)
     first = json.load(open(json_path))["runs"]
     assert [(r["label"], r["seed"]) for r in first] == [("vanilla", 1337), ("vertical", 1337), ("vanilla", 1338)]
     stamps = {p: os.path.getmtime(tmp_path / "runs" / p / "ckpt.pt") for p in os.listdir(tmp_path / "runs")}
@@ -91,7 +91,7 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
     table = open(tmp_path / "results" / "RESULTS.md").read()
     assert f"| vertical | 2 | {by['vertical']['mean']:.4f} ± {by['vertical']['std']:.4f} |" in table
     assert "| vanilla | 2 |" in table
-    assert "--max_runs" not in table  # the recorded command is the one that regenerates the table
+    assert "--max_runs" not in table and "--runs=vertical" in table  # the command that regenerates the table
     try:
         import matplotlib  # noqa: F401
         assert (tmp_path / "results" / "curves.png").stat().st_size > 10_000
@@ -100,7 +100,10 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
 
     sweep(data_dir, tmp_path, "--eval_batch_size=8", "--seed=1338", "--seeds=1")  # the same runs: none trained
     assert len(json.load(open(json_path))["runs"]) == 4
-    sweep(data_dir, tmp_path, "--max_runs=1", "--train_args=--eval_iters=1 --n_layer=2 --learning_rate=2e-3")
+    changed_lr = "--train_args=--eval_iters=1 --n_layer=2 --learning_rate=2e-3"
+    assert sweep(data_dir, tmp_path, "--table_only", changed_lr) == []  # new configuration, nothing trained
+    assert len(json.load(open(json_path))["runs"]) == 4
+    sweep(data_dir, tmp_path, "--max_runs=1", changed_lr)
     changed = json.load(open(json_path))["runs"]
     assert len(changed) == 5 and changed[4]["label"] == "vanilla" and changed[4]["key"] != first[0]["key"]
     assert open(os.path.join(ROOT, "README.md")).read() == readme_before  # only --update_readme rewrites it
