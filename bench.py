@@ -305,8 +305,7 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
     meta = train.read_meta(args.data_dir, args.dataset)
     os.makedirs(args.results, exist_ok=True)
     json_path = os.path.join(args.results, "results.json")
-    saved = json.load(open(json_path)).get("runs", []) if os.path.exists(json_path) else []
-    done = {r["key"]: r for r in saved}  # runs of other configurations stay in the file, unused
+    done = saved_runs(json_path)  # runs of other configurations stay in the file, unused
     command = ["bench.py", *without_options(argv, "--max_runs", "--table_only")]  # the command that regenerates
     header = {"command": command, "hardware": hardware, "dtype": dtype, "torch": torch.__version__,
               "size": args.size, "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
@@ -326,9 +325,11 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
             break
         print(f"training {label}, seed {seed} ({len(done.keys() & {p[3] for p in plan}) + 1} of {len(plan)})",
               file=sys.stderr)
-        done[key] = train_and_evaluate(label, seed, options, key, args, device, ctx, meta)
+        record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta)
+        done = {**saved_runs(json_path), key: record}  # with what a sweep beside this one has written meanwhile
         new += 1
         write_json(json_path, {**header, "runs": list(done.values())})  # after every run: nothing is lost
+    done = {**saved_runs(json_path), **done}
     runs = [done[key] for *_, key in plan if key in done]
     if not runs:
         return []
@@ -342,6 +343,12 @@ def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
     print(table)
     plot_curves(rows, runs, os.path.join(args.results, "curves.png"))
     return rows
+
+
+def saved_runs(json_path):
+    """The runs results.json holds, by key."""
+    runs = json.load(open(json_path)).get("runs", []) if os.path.exists(json_path) else []
+    return {r["key"]: r for r in runs}
 
 
 def without_options(argv, *names):
