@@ -10,8 +10,9 @@ windows of the model's context so that every token is predicted exactly once. Th
               attnres and aila depend on the input; skipmiddle's mean gates are measured on it).
 --mc FILE     few-shot multiple choice (seed 000 Table 4, as lm-evaluation-harness scores it): every choice is
               scored by the log-likelihood of its continuation after --k_shot solved examples; acc, and
-              acc_norm with the log-likelihood per character of the continuation.
---lm_eval T   the tasks T (comma-separated) through lm-evaluation-harness itself (pip install lm-eval).
+              acc_norm with the log-likelihood per character of the choice.
+--lm_eval T   the tasks T (comma-separated names or .yaml files) through lm-evaluation-harness itself
+              (pip install -r requirements-eval.txt).
 The PNGs (logit_lens.png, depth_map.png) need matplotlib (pip install matplotlib).
 
     python eval.py --out_dir out-vanilla out-vertical --logit_lens --depth_map
@@ -68,7 +69,8 @@ def parse_args(argv):
     p.add_argument("--mc_limit", type=int, default=0,
                    help="score the first N questions only (--mc, --lm_eval); 0 = all")
     p.add_argument("--seed", type=int, default=1337, help="draws the --k_shot examples")
-    p.add_argument("--lm_eval", default="", help="lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa")
+    p.add_argument("--lm_eval", default="", help="lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, "
+                   "or task .yaml files")
     p.add_argument("--plot", type=plot_option, nargs="?", const=True, default="auto",
                    help="save PNGs: auto = when matplotlib is installed, true, false")
     p.add_argument("--plot_path", default="", help="the logit lens figure; '' = logit_lens.png in the first out_dir")
@@ -343,7 +345,8 @@ def multiple_choice(model, items, encode, eot, block_size, args, device, ctx):
     acc = acc_norm = 0
     for _, choices, label in questions:
         logp = [next(scores)[0] for _ in choices]
-        per_char = [lp / len(continuation(choice)) for lp, choice in zip(logp, choices)]  # lm-eval's acc_norm
+        # lm-eval's acc_norm: per character of the choice, without the space that joins it to the context
+        per_char = [lp / max(1, len(choice)) for lp, choice in zip(logp, choices)]
         acc += int(np.argmax(logp) == label)
         acc_norm += int(np.argmax(per_char) == label)
     n = len(questions)
@@ -389,10 +392,26 @@ def make_lm_eval_adapter(model, encode, eot, block_size, batch_size, device, ctx
 
 
 def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
+    """{task: {metric: value}} from lm_eval.simple_evaluate. A task given as a .yaml file is read from its folder,
+    and lm-evaluation-harness's own task list (some 15,000 YAML files, indexed in seconds) only when a task is
+    named by its registered name."""
     lm_eval, _ = import_lm_eval()
+    from lm_eval.tasks import TaskManager
     adapter = make_lm_eval_adapter(model, encode, eot, block_size, args.batch_size, device, ctx)
     tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
-    out = lm_eval.simple_evaluate(model=adapter, tasks=tasks, num_fewshot=args.k_shot, limit=args.mc_limit or None)
+    files = [t for t in tasks if t.endswith((".yaml", ".yml"))]
+    for f in files:
+        if not os.path.isfile(f):
+            raise ConfigError(f"--lm_eval: no task file {f}")
+    folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
+    manager = TaskManager(include_path=folders or None, include_defaults=len(files) < len(tasks))
+    try:
+        out = lm_eval.simple_evaluate(model=adapter, tasks=tasks, num_fewshot=args.k_shot,
+                                      limit=args.mc_limit or None, task_manager=manager, log_samples=False)
+    except KeyError as e:  # lm_eval's word for a task it does not know
+        raise ConfigError(f"--lm_eval: {e.args[0] if e.args else e}; see `lm-eval ls tasks`")
+    except NotImplementedError as e:  # a task that generates text
+        raise ConfigError(f"--lm_eval: {e}")
     return {task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             for task, metrics in out["results"].items()}
 

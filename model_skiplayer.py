@@ -21,9 +21,11 @@ Interpretations:
   every group reads one layer (always under MHA), K and V stay at H_kv heads and SDPA's GQA path is used.
 - skip_layers = skip_heads = -1 (default) resolve to the paper's recommendation round(3L/4), round(3H/4) with
   Python's round (halves to even: L = 6 gives 4, as seed 000 chose for 50M). Seed 000's own settings, (4,1),
-  (6,3), (9,6) for 50m/100m/300m, are the config/skiplayer_*.py presets. skip_heads = 0 is model_vanilla.py.
+  (6,3), (9,6) for 50m/100m/300m, are SIZE_DEFAULTS: train.py applies them with --size (or a recipe's size)
+  where the command line does not set skip_layers or skip_heads. skip_heads = 0 is model_vanilla.py.
 - ALA(-): a head whose source would lie below layer 1 uses its own layer. With ala_every > 0 the SLA skip is
-  off, whatever skip_layers and skip_heads say (seed 000 ran them as separate baselines).
+  off, whatever skip_layers and skip_heads say (seed 000 ran them as separate baselines, ALA(-) with K = 2 at
+  every size: --ala_every 2).
 - Layers hand their post-RoPE (k, v) down through a list built in GPT.forward; with the key/value cache these
   are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
   is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads.
@@ -40,6 +42,9 @@ import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "CausalSelfAttention", "Block", "GPT")  # components that differ from model_vanilla.py
 VARIANTS = {"mha": dict(n_kv_head=4), "ala": dict(ala_every=1)}  # configurations the contract suite also tests
+# seed 000's (n_l, n_h) at its sizes (section 4.1); train.py's --size applies them
+SIZE_DEFAULTS = {"50m": dict(skip_layers=4, skip_heads=1), "100m": dict(skip_layers=6, skip_heads=3),
+                 "300m": dict(skip_layers=9, skip_heads=6)}
 
 
 @dataclass
@@ -58,7 +63,7 @@ class GPTConfig:
     tie_embeddings: bool = False
     skip_layers: int = -1  # n_l, the distance a skip head reaches down; -1: round(3 * n_layer / 4)
     skip_heads: int = -1  # n_h, the last n_h query heads of every layer l > n_l skip; -1: round(3 * n_head / 4)
-    ala_every: int = 0  # K > 0: ALA(-) instead, the last layer's head i reads layer L - K*i
+    ala_every: int = 0  # K > 0: ALA(-) instead, the last layer's head i reads layer L - K*i (seed 000: K = 2)
 
     def __post_init__(self):
         if self.skip_layers < -1 or not -1 <= self.skip_heads <= self.n_head or self.ala_every < 0:

@@ -349,9 +349,17 @@ class GPT(nn.Module):
         return self._last_step
 
     def stats(self):
-        """Per gated block l: mean gate, fraction of zero gates, alpha, beta; est_flops_ratio (see the docstring)."""
+        """Per gated block l: mean gate, fraction of zero gates, alpha, beta; est_flops_ratio (see the docstring).
+        Under a process group the eval-mode gate sums of every rank are pooled first, so that the gates describe
+        the same validation windows as train.py's val_loss; every rank must call it then (train.py does)."""
         if not self.config.gated:
             return {}
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            sums = self._eval_sums
+            if sums is None:  # a rank without validation windows adds zeros
+                sums = torch.zeros(len(self.gates), 4, dtype=torch.float32, device=self.gate_alpha.device)
+            torch.distributed.all_reduce(sums)
+            self._eval_sums = sums if sums[0, 3] > 0 else None
         summary = self._gate_summary(consume=True)
         out = {}
         for l in range(len(self.gates)):
@@ -383,12 +391,17 @@ class GPT(nn.Module):
         return 2 * sparse, 2 * (c.n_embd * c.vocab_size + block * c.n_layer)
 
     def param_groups(self, weight_decay):
-        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        return [
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases, and never on the
+        gates: they have a group of their own with weight decay 0 whatever weight_decay is (as in the reference)."""
+        gates = [p for p in self.gates.parameters() if p.requires_grad]
+        params = [p for p in self.parameters() if p.requires_grad and all(p is not g for g in gates)]
+        groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
+        if gates:
+            groups.append({"params": gates, "weight_decay": 0.0})
+        return groups
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""

@@ -293,7 +293,8 @@ class GPT(nn.Module):
         if self.va_scores is None:
             return self.va_fixed.float()
         L = self.config.n_layer
-        s = torch.full((L, L), float("-inf"), device=self.va_scores.device)
+        # float32 whatever the default dtype, like the scores it receives and the fixed maps above
+        s = torch.full((L, L), float("-inf"), dtype=torch.float32, device=self.va_scores.device)
         return s.index_put((self.va_rows, self.va_cols), self.va_scores.float()).softmax(-1)
 
     @torch.no_grad()

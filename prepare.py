@@ -3,6 +3,7 @@ Prepare a data set for training: text -> token ids -> data/<name>/{train,val}.bi
 
     python prepare.py                                        # Shakespeare's plays, byte-level, offline
     python prepare.py --dataset fineweb-edu --tokenizer gpt2 --max_tokens 1000000000
+    python prepare.py --dataset fineweb --tokenizer gpt2 --max_tokens 10000000000
     python prepare.py --dataset openwebtext --tokenizer gpt2
     python prepare.py --files notes.txt web.jsonl more.parquet --text_field text --name mine
 
@@ -116,9 +117,10 @@ def shakespeare_documents():
     return iter([play_to_text(p.read_text(encoding="utf-8")) for p in plays])
 
 
-WEB_DATASETS = {  # name -> (Hugging Face hub repo, config); both are parquet shards, streamed
-    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
-    "openwebtext": ("Skylion007/openwebtext", None),
+WEB_DATASETS = {  # name -> (Hugging Face hub repo, config); all are parquet shards, streamed
+    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # seed 000 (and seed 002)
+    "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # seed 004
+    "openwebtext": ("Skylion007/openwebtext", None),  # seed 001
 }
 
 
@@ -190,7 +192,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Tokenize a data set into OUT_DIR/NAME/{train,val}.bin + meta.json.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", default="shakespeare", choices=["shakespeare", *WEB_DATASETS],
-                   help="shakespeare works offline; the web sets stream from the Hugging Face hub")
+                   help="shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and openwebtext "
+                   "stream from the Hugging Face hub")
     p.add_argument("--files", nargs="+", metavar="FILE",
                    help="local .txt/.json/.jsonl/.parquet files, instead of --dataset")
     p.add_argument("--text_field", default="text", help="the text column of .json/.jsonl/.parquet files")

@@ -2,7 +2,7 @@
 The one trainer for every model file.
 
     python train.py --model vanilla                          # one process (CPU, one GPU)
-    python train.py config/vertical_50m.py --max_iters=100   # a preset file, then overrides
+    python train.py config/fineweb_edu_50m.py --model vertical --max_iters=100   # a paper's recipe, then overrides
     torchrun --standalone --nproc_per_node=8 train.py --model vertical
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
 
@@ -43,7 +43,7 @@ TRAIN_DEFAULTS = dict(
     model="vanilla",          # loads model_<model>.py
     out_dir="out",            # checkpoint, log file
     resume=False,             # continue the run saved in out_dir
-    size="",                  # model size preset: 50m, 100m or 300m ("" = the model file's defaults)
+    size="",                  # seed 000's shapes, 50m, 100m or 300m, with the model file's SIZE_DEFAULTS ("": none)
     dataset="shakespeare",    # data/<dataset>/{train,val}.bin from prepare.py
     data_dir="data",
     # optimisation
@@ -159,12 +159,14 @@ def parse_args(argv):
             parser.add_argument(f"--{name}", type=kind, default=default, help=f"({group})")
     args = vars(parser.parse_args(argv))
     args.pop("config_files")
-    # a size preset fills the shape fields that neither a preset file nor the command line set
+    # a size preset fills the shape fields that neither a preset file nor the command line set, and so do the
+    # model file's own settings for that size from its paper (its SIZE_DEFAULTS, e.g. skiplayer's (n_l, n_h))
     explicit = set(from_files) | {a.split("=")[0][2:] for a in rest if a.startswith("--")}
     if args["size"]:
         if args["size"] not in SIZES:
             raise ConfigError(f"unknown --size {args['size']!r}; choose one of: {', '.join(SIZES)}")
-        args.update({k: v for k, v in SIZES[args["size"]].items() if k not in explicit})
+        sized = {**SIZES[args["size"]], **getattr(module, "SIZE_DEFAULTS", {}).get(args["size"], {})}
+        args.update({k: v for k, v in sized.items() if k not in explicit})
     train_opts = {k: v for k, v in args.items() if k not in fields}
     model_args = {k: v for k, v in args.items() if k in fields}
     train_opts["explicit"] = sorted(explicit)

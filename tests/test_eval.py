@@ -1,12 +1,9 @@
 """eval.py's analyses end to end on tiny runs: depth map, logit lens over several checkpoints, few-shot multiple
-choice, and the lm-evaluation-harness adapter (against a stand-in for the lm_eval package)."""
-import argparse
+choice; the lm-evaluation-harness adapter against the real package is tests/test_lm_eval.py."""
 import importlib
 import importlib.util
 import json
 import os
-import sys
-import types
 from contextlib import nullcontext
 
 import numpy as np
@@ -156,47 +153,3 @@ def test_rolling_windows_score_every_token_once():
         pairs = evalpy.rolling_pairs(ids, 256, block_size)
         assert sum((k for _, k in pairs), []) == ids
         assert all(c and len(c) + len(k) <= block_size + 1 for c, k in pairs)
-
-
-def test_lm_eval_adapter(runs, monkeypatch):
-    """The adapter against a stand-in lm_eval: loglikelihood agrees with a plain forward pass."""
-    lm_eval, api, api_model = (types.ModuleType(n) for n in ("lm_eval", "lm_eval.api", "lm_eval.api.model"))
-    api_model.LM = type("LM", (), {})
-    asked = {}
-
-    def simple_evaluate(model, tasks, num_fewshot, limit):
-        asked.update(tasks=tasks, num_fewshot=num_fewshot, limit=limit)
-        lp, greedy = model.loglikelihood([types.SimpleNamespace(args=("ROMEO:\n", "O Romeo"))])[0]
-        return {"results": {"toy": {"alias": "toy", "ll,none": lp, "greedy,none": float(greedy)}}}
-
-    lm_eval.simple_evaluate, lm_eval.api, api.model = simple_evaluate, api, api_model
-    for name, module in (("lm_eval", lm_eval), ("lm_eval.api", api), ("lm_eval.api.model", api_model)):
-        monkeypatch.setitem(sys.modules, name, module)
-
-    model, ckpt = evalpy.load_checkpoint(runs["vanilla"])
-    model.eval()
-    encode, _, _, eot = evalpy.get_tokenizer(ckpt["meta"]["tokenizer"])
-    adapter = evalpy.make_lm_eval_adapter(model, encode, eot, 32, 4, "cpu", nullcontext())
-    assert isinstance(adapter, api_model.LM)
-
-    def token_logprobs(ids):
-        ids = torch.tensor(ids)
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids[None, :-1])[0][0].float(), -1)
-        return logp.gather(-1, ids[1:, None])[:, 0]
-
-    text = "ROMEO:\nO Romeo"
-    (lp, _), = adapter.loglikelihood([types.SimpleNamespace(args=("ROMEO:\n", "O Romeo"))])
-    # the context's trailing newline moves to the continuation: 8 bytes scored
-    assert abs(lp - token_logprobs(encode(text))[-8:].sum().item()) < 1e-4
-    rolling = adapter.loglikelihood_rolling([types.SimpleNamespace(args=(text,)),
-                                             types.SimpleNamespace(args=(text * 5,))])  # 70 bytes: 3 windows
-    assert abs(rolling[0] - token_logprobs([eot] + encode(text)).sum().item()) < 1e-4
-    assert np.isfinite(rolling[1]) and rolling[1] < rolling[0] < 0
-    with pytest.raises(NotImplementedError):
-        adapter.generate_until([])
-
-    args = argparse.Namespace(lm_eval="toy, other", k_shot=2, mc_limit=0, batch_size=4)
-    results = evalpy.run_lm_eval(model, encode, eot, 32, args, "cpu", nullcontext())
-    assert asked == {"tasks": ["toy", "other"], "num_fewshot": 2, "limit": None}
-    assert set(results["toy"]) == {"ll,none", "greedy,none"} and abs(results["toy"]["ll,none"] - lp) < 1e-4

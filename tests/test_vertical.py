@@ -202,6 +202,25 @@ def test_greedy_generation_with_cache_equals_without(va_map):
                        model.generate(prompt, 30, temperature=0, use_cache=False))
 
 
+@pytest.mark.parametrize("va_map", ["learned", "unet", "inet"])
+def test_float64_default_dtype(va_map):
+    """Under torch.set_default_dtype(torch.float64) the map is built, read and trained like in float32."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = build(model_vertical, va_map=va_map)
+        m = model.depth_map()
+        logits, loss = model(torch.randint(0, 257, (2, 8)), torch.randint(0, 257, (2, 8)))
+        loss.backward()
+    finally:
+        torch.set_default_dtype(default)
+    assert m.dtype == torch.float32 and logits.dtype == torch.float64
+    torch.testing.assert_close(m.sum(-1), torch.ones(SMALL["n_layer"]))
+    if va_map == "learned":
+        assert model.va_scores.dtype == torch.float64 and torch.isfinite(model.va_scores.grad).all()
+        assert model.va_scores.grad.abs().sum() > 0
+
+
 def test_bfloat16_model_runs():
     model = build(model_vertical).to(torch.bfloat16)
     logits, _ = model(torch.randint(0, 257, (2, 8)))

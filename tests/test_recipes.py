@@ -1,0 +1,164 @@
+"""The paper recipes in config/ and the README's table of commands: every command is accepted by its script, and
+every training run sets what its paper did."""
+import glob
+import importlib
+import os
+import re
+import shlex
+
+import pytest
+import torch
+
+import prepare
+import sample
+import train
+from conftest import ROOT
+
+evalpy = importlib.import_module("eval")
+
+# per recipe, what its paper gives: (tokens per optimiser step, steps, peak learning rate, data set)
+PAPERS = {
+    "fineweb_edu_50m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),  # seed 000, section 4.1
+    "fineweb_edu_100m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),
+    "fineweb_edu_300m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),
+    "openwebtext_gpt2_small": (524_288, 18_000, 1.5e-4, "openwebtext"),  # seed 001, section 4.2
+    "openwebtext_gpt2_medium": (524_288, 18_000, 1.5e-4, "openwebtext"),
+    "openwebtext_gpt2_large": (524_288, 18_000, 1.5e-4, "openwebtext"),
+    "fineweb_edu_qwen3_100m": (64 * 2048, 20_000, 6e-4, "fineweb-edu"),  # seed 002 and its authors' script
+    "fineweb_edu_qwen3_600m": (32 * 2048, 20_000, 3e-4, "fineweb-edu"),
+    "fineweb_gpt2_small": (524_288, 19_073, 1e-3, "fineweb"),  # seed 004, Table 2 and section 3.1
+}
+SEED_000_SLA = {"50m": (4, 1), "100m": (6, 3), "300m": (9, 6)}  # seed 000, section 4.1
+LOOP = re.compile(r"for (\w+) in ([^;]+); do (.+); done")
+
+
+def readme_rows():
+    """(paper, run, command) for every row of the README's recipe table that has a command."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = text.split("<!-- recipes:start -->")[1].split("<!-- recipes:end -->")[0]
+    rows = []
+    for line in table.strip().splitlines()[2:]:
+        paper, run, command = (c.strip() for c in line.strip().strip("|").split("|"))
+        if command.startswith("`"):
+            rows.append((paper, run, command.strip("`")))
+    return rows
+
+
+def expand(command):
+    """A row's command, or the commands of its one `for VAR in ...; do ...; done` loop."""
+    loop = LOOP.fullmatch(command)
+    if not loop:
+        return [command]
+    var, values, body = loop.groups()
+    return [re.sub(r"\$\{%s\}|\$%s\b" % (var, var), value, body) for value in values.split()]
+
+
+def parsed_commands():
+    """[(paper, script, argv, parsed options)] for every command of the table, each parsed by its own script."""
+    out = []
+    for paper, _, command in readme_rows():
+        for single in expand(command):
+            words = shlex.split(single)
+            if words[0] == "torchrun":
+                script, argv = "train.py", words[words.index("train.py") + 1:]
+            else:
+                assert words[0] == "python", single
+                script, argv = words[1], words[2:]
+            parse = {"train.py": train.parse_args, "prepare.py": prepare.parse_args, "eval.py": evalpy.parse_args,
+                     "sample.py": sample.parse_args}[script]
+            out.append((paper, script, argv, parse(argv)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def commands():
+    here = os.getcwd()
+    os.chdir(ROOT)  # the commands run from the repository's root
+    try:
+        return parsed_commands()
+    finally:
+        os.chdir(here)
+
+
+def test_the_table_covers_every_paper_and_recipe(commands):
+    assert {paper for paper, _, _ in readme_rows()} == {"000", "001", "002", "003", "004"}
+    used = {os.path.basename(a[0])[:-3] for _, script, a, _ in commands if script == "train.py"}
+    assert used == set(PAPERS)
+    presets = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.py"))}
+    assert used <= presets and len(presets) <= 10
+
+
+def test_training_runs_set_what_their_papers_did(commands):
+    out_dirs = []
+    for _, script, argv, parsed in commands:
+        if script != "train.py":
+            continue
+        o, model_args, _ = parsed
+        recipe = os.path.basename(argv[0])[:-3]
+        tokens, steps, lr, dataset = PAPERS[recipe]
+        assert model_args["block_size"] * o["batch_size"] * o["gradient_accumulation_steps"] == tokens, argv
+        assert o["max_iters"] == steps or "--max_iters" in argv, argv
+        assert o["learning_rate"] == lr and o["dataset"] == dataset, argv
+        assert o["gradient_accumulation_steps"] % 16 == 0, argv  # 1, 2, 4, 8 or 16 GPUs share it out
+        if o["model"] == "skiplayer" and o["size"]:  # seed 000's SLA at its sizes
+            assert (model_args["skip_layers"], model_args["skip_heads"]) == SEED_000_SLA[o["size"]], argv
+        if o["model"] == "vertical":
+            assert model_args["va_weight_decay"] == 0.01 and (model_args["va_lr"] == 0.01 or "--va_lr" in argv)
+        if recipe == "fineweb_gpt2_small":  # seed 004 clips no gradients and decays no weights
+            assert o["grad_clip"] == 0 and o["weight_decay"] == 0
+        out_dirs.append(o["out_dir"])
+    assert len(out_dirs) == len(set(out_dirs)) and "out" not in out_dirs  # no run overwrites another
+
+
+def test_evaluations_read_runs_the_table_trains_on_data_it_prepares(commands):
+    trained = {o[0]["out_dir"] for _, script, _, o in commands if script == "train.py"}
+    read = [d for _, script, _, a in commands if script == "eval.py" for d in a.out_dir]
+    read += [a.out_dir for _, script, _, a in commands if script == "sample.py"]
+    assert read and set(read) <= trained
+    for paper in ("000", "001", "002", "004"):
+        prepared = {a.dataset for p, script, _, a in commands if p == paper and script == "prepare.py"}
+        used = {o[0]["dataset"] for p, script, _, o in commands if p == paper and script == "train.py"}
+        assert used and used <= prepared, paper
+    for _, script, _, a in commands:
+        if script == "prepare.py":
+            assert a.tokenizer == "gpt2" and a.max_tokens == 0
+
+
+def test_size_defaults_fill_only_what_the_command_line_leaves():
+    recipe = os.path.join(ROOT, "config", "fineweb_edu_50m.py")
+    _, m, _ = train.parse_args([recipe, "--model", "skiplayer", "--skip_heads", "2"])
+    assert (m["n_layer"], m["n_embd"], m["skip_layers"], m["skip_heads"]) == (6, 192, 4, 2)
+    _, m, _ = train.parse_args(["--model", "skiplayer", "--size", "100m"])
+    assert (m["n_layer"], m["skip_layers"], m["skip_heads"]) == (8, 6, 3)
+    _, m, _ = train.parse_args(["--model", "skiplayer"])  # no size: seed 001's 3/4 rule
+    assert (m["skip_layers"], m["skip_heads"]) == (-1, -1)
+    recipe = os.path.join(ROOT, "config", "fineweb_edu_100m.py")
+    _, m, _ = train.parse_args([recipe, "--model", "vertical", "--n_layer", "4"])
+    assert (m["n_layer"], m["n_embd"], m["va_lr"]) == (4, 384, 0.01)
+
+
+def test_model_on_the_command_line_overrides_a_recipes_model(tmp_path):
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text('model = "vertical"\nn_layer = 3\n')
+    o, m, module = train.parse_args([str(recipe)])
+    assert o["model"] == "vertical" and "va_lr" in m
+    o, m, module = train.parse_args([str(recipe), "--model", "vanilla"])
+    assert o["model"] == "vanilla" and module.__name__ == "model_vanilla" and m["n_layer"] == 3
+
+
+def test_a_recipe_trains_through_train_py(data_dir, tmp_path):
+    """Seed 000's 50m recipe with skiplayer, shortened to one step on Shakespeare: its shape and the model file's
+    size defaults reach the checkpoint."""
+    out, threads = str(tmp_path / "run"), torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small runs faster on one thread than on several fighting over it
+    try:
+        train.main([os.path.join(ROOT, "config", "fineweb_edu_50m.py"), "--model", "skiplayer", "--dataset",
+                    "shakespeare", "--data_dir", data_dir, "--out_dir", out, "--device", "cpu", "--block_size", "32",
+                    "--batch_size", "2", "--gradient_accumulation_steps", "1", "--max_iters", "1", "--eval_iters", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    m, o = ckpt["model_args"], ckpt["train_config"]
+    assert (m["n_embd"], m["n_layer"], m["n_head"], m["n_kv_head"], m["ffn_hidden"]) == (192, 6, 3, 1, 768)
+    assert (m["skip_layers"], m["skip_heads"]) == (4, 1) and ckpt["iter_num"] == 1
+    assert o["learning_rate"] == 1e-4 and o["decay_lr"] is False and o["weight_decay"] == 0.01
