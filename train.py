@@ -8,8 +8,8 @@ The one trainer for every model file.
 
 `--model NAME` loads model_NAME.py; every field of that file's GPTConfig is an option too (`--n_layer 12`,
 `--va_lr 0.01`). `python train.py --model NAME --help` lists them all with their defaults.
-As in nanoGPT, --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N.
-`--resume` continues the checkpoint's model: a model option that
+As in nanoGPT, --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N
+(not given: one micro-step per process). `--resume` continues the checkpoint's model: a model option that
 differs from the checkpoint's is refused, not ignored. Every mistake in the input ends in one `error:` line
 before anything in out_dir or the data is touched.
 """
@@ -53,7 +53,7 @@ TRAIN_DEFAULTS = dict(
     # optimisation
     max_iters=1000,
     batch_size=16,            # sequences per micro-step per process
-    gradient_accumulation_steps=1,
+    gradient_accumulation_steps=None,  # micro-steps per optimiser step, summed over processes; None = 1 each
     learning_rate=1e-3,
     weight_decay=0.1,
     beta1=0.9,
@@ -161,6 +161,7 @@ def parse_args(argv):
     parser.add_argument("config_files", nargs="*", help="preset files (python assignments), applied in order")
     for name, default in defaults.items():
         kind = type(model_defaults.get(name, TRAIN_DEFAULTS.get(name)))
+        kind = int if kind is type(None) else kind  # gradient_accumulation_steps: None means "one per process"
         group = "model" if name in fields else "train"
         if kind is bool:
             parser.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=default,
@@ -224,11 +225,11 @@ def check_options(o, model_args):
     # under torchrun the world size is known before the process group starts
     world = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ else 1
     accum = o["gradient_accumulation_steps"]
-    if accum < 1:
+    if accum is not None and accum < 1:
         raise ConfigError(f"--gradient_accumulation_steps must be 1 or more, not {accum}")
-    if accum % world:
-        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; "
-                          "make it one")
+    if accum is not None and accum % world:
+        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; make "
+                          "it one, or leave it out (one micro-step per process)")
     device = resolve_device(o["device"])
     if device.type == "cuda" and world > 1 and int(os.environ["LOCAL_RANK"]) >= torch.cuda.device_count():
         raise ConfigError(f"torchrun starts more processes per node than the {torch.cuda.device_count()} GPU(s) "
@@ -409,12 +410,45 @@ def check_resume(o, model_args, ckpt, meta, path):
                           f"--tokenizer {trained['tokenizer']}")
 
 
-def prepare_out_dir(out_dir):
-    """Run only after every check has passed."""
+def prepare_out_dir(out_dir, resume_iter, master):
+    """Run only after every check has passed: the folder, without the ckpt.pt.tmp of a run killed while saving,
+    and log.jsonl, empty for a new run; a resumed run keeps the records up to its checkpoint's step, less the
+    evaluation there (the resumed run evaluates that step again), so that no step is logged twice."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
+    if not master:
+        return
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))
+    log_path, keep = os.path.join(out_dir, "log.jsonl"), []
+    if resume_iter is not None and os.path.exists(log_path):
+        with open(log_path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                    step = record["iter"]
+                except (ValueError, TypeError, KeyError):
+                    continue  # a line cut short by a crash
+                if step < resume_iter or (step == resume_iter and "val_loss" not in record):
+                    keep.append(line.rstrip("\n") + "\n")
+    with open(log_path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(log_path + ".tmp", log_path)
+
+
+def rng_states(device, world):
+    """Every rank's random number generator states, gathered on every rank: dropout masks differ by rank, and
+    a resumed run gives each rank its own state back."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    states = [state]
+    if world > 1:
+        states = [None] * world
+        torch.distributed.all_gather_object(states, state)
+    return {k: [s[k] for s in states] for k in state}
 
 
 def load_checkpoint(out_dir, device="cpu", keys=("model_name", "model_args", "model")):
@@ -529,10 +563,11 @@ def main(argv):
                               f"{meta['vocab_size']}; drop the option")
     check_data(o, meta, model_args)
     # every check has passed: from here on the run may write to out_dir
-    prepare_out_dir(o["out_dir"])
+    prepare_out_dir(o["out_dir"], ckpt["iter_num"] if ckpt else None, os.environ.get("RANK", "0") == "0")
 
     device, rank, _, world = setup_device(o)
     master = rank == 0
+    o["gradient_accumulation_steps"] = o["gradient_accumulation_steps"] or world  # not given: one per process
     accum = o["gradient_accumulation_steps"] // world
     if o["dtype"] == "auto":
         o["dtype"] = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
@@ -560,7 +595,12 @@ def main(argv):
         for g, fresh in zip(optimizer.param_groups, groups):
             g["base_lr"] = fresh["base_lr"]  # a resumed run follows this run's --learning_rate options
         iter_num, best_val = ckpt["iter_num"], ckpt["best_val_loss"]
-        torch.set_rng_state(ckpt["rng"]["torch"][rank % len(ckpt["rng"]["torch"])])
+        # each rank its own state (dropout masks differ by rank); a run saved with another number of
+        # processes cannot be continued exactly, and takes the states it has in turn
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"][rank % len(rng["torch"])])
+        if device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"][rank % len(rng["cuda"])], device)
     if o["compile"]:
         model = torch.compile(model)
     eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
@@ -602,6 +642,7 @@ def main(argv):
                 record = {"iter": iter_num, "val_loss": val_loss, **stats}
                 log(record)
                 best_val = min(best_val, val_loss)
+                rng = rng_states(device, world)  # every rank takes part
                 if master:
                     bar.write(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in record.items()))
@@ -609,7 +650,7 @@ def main(argv):
                         "model_name": o["model"], "model_args": model_args, "train_config": o,
                         "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                         "iter_num": iter_num, "best_val_loss": best_val, "meta": meta,
-                        "rng": {"torch": [torch.get_rng_state()]},
+                        "rng": rng,
                     })
             if iter_num >= o["max_iters"]:
                 break
