@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from prepare import get_tokenizer
-from train import ArgumentParser, ConfigError, fail, load_checkpoint, read_meta, str2bool
+from train import (ArgumentParser, ConfigError, fail, load_checkpoint, open_split, read_meta, resolve_device,
+                   split_tokens, str2bool)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -419,7 +420,7 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
 # ----------------------------------------------------------------------------------------------------------
 
 def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
-    model, ckpt = load_checkpoint(out_dir, device)
+    model, ckpt = load_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta", "train_config"))
     model.eval()
     name, block_size = ckpt["model_name"], ckpt["model_args"]["block_size"]
     result = {"out_dir": out_dir, "model": name}
@@ -430,8 +431,8 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
         if meta["tokenizer"] != ckpt["meta"]["tokenizer"]:
             raise ConfigError(f"data set {dataset} uses the {meta['tokenizer']} tokenizer but the model was trained "
                               f"with {ckpt['meta']['tokenizer']}; choose a data set prepared with that tokenizer")
-        data = np.memmap(os.path.join(data_dir, dataset, f"{args.split}.bin"), dtype=np.dtype(meta["dtype"]),
-                         mode="r")
+        split_tokens(data_dir, dataset, args.split, meta)  # the file is there, whole, and matches meta.json
+        data = open_split(data_dir, dataset, args.split, meta)
         if args.tokens:
             data = data[:args.tokens + 1]
         if len(data) < 2:
@@ -498,7 +499,7 @@ def main(argv):
         plt = import_pyplot()
         if plt is None and args.plot is True:
             raise ConfigError("--plot needs matplotlib: pip install matplotlib")
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(args.device))
     use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.startswith("cuda")
                                             and torch.cuda.is_bf16_supported())
     ctx = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if use_bf16 else nullcontext()

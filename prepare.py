@@ -11,6 +11,8 @@ train.bin and val.bin are flat arrays of token ids (uint16 when the vocabulary f
 document ends with the end-of-text token. Whole documents go to val with probability --val_fraction (seeded,
 so the split is reproducible); a corpus too small to give val any document gives it its last tokens instead.
 meta.json names the tokenizer so that train.py, sample.py and eval.py can re-create it with get_tokenizer().
+The files are written under temporary names and renamed into place (meta.json last) only when the whole run
+has succeeded: a run that fails leaves an earlier data set of the same name as it was.
 """
 import argparse
 import contextlib
@@ -154,11 +156,17 @@ def file_documents(paths, text_field):
             # a .txt file is one document (the text builder would otherwise make one per line)
             kwargs = {"sample_by": "document"} if builder == "text" else {}
             field = "text" if builder == "text" else text_field
-            for row in datasets.load_dataset(builder, data_files=path, split="train", streaming=True, **kwargs):
-                if field not in row:
-                    fail(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
-                if row[field]:
-                    yield row[field]
+            try:
+                for row in datasets.load_dataset(builder, data_files=path, split="train", streaming=True,
+                                                 **kwargs):
+                    if field not in row:
+                        fail(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
+                    if row[field]:
+                        yield row[field]
+            except UnicodeDecodeError:
+                fail(f"{path} is not UTF-8 text; convert it (e.g. iconv -t utf-8) or leave it out")
+            except (ValueError, TypeError, OSError) as e:  # datasets' builders: malformed JSON, not parquet, ...
+                fail(f"cannot read {path} as a {builder} file ({' '.join(str(e).split())[:200]})")
     return rows()
 
 
@@ -188,8 +196,15 @@ def tokenize_all(docs, tokenizer, num_proc, batch_size=2048):
 # -----------------------------------------------------------------------------
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors as one line, like train.py's (the usage block hides the message)."""
+
+    def error(self, message):
+        fail(f"{message}; see prepare.py --help")
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Tokenize a data set into OUT_DIR/NAME/{train,val}.bin + meta.json.",
+    p = ArgumentParser(description="Tokenize a data set into OUT_DIR/NAME/{train,val}.bin + meta.json.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", default="shakespeare", choices=["shakespeare", *WEB_DATASETS],
                    help="shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and openwebtext "
@@ -211,6 +226,8 @@ def parse_args(argv=None):
         p.error("--val_fraction must be between 0 and 1")
     if args.num_proc < 1:
         p.error("--num_proc must be at least 1")
+    if args.max_tokens < 0:
+        p.error("--max_tokens must be 0 (no limit) or more")
     return args
 
 
@@ -226,15 +243,40 @@ def main(argv=None):
     else:
         docs, dataset, name = shakespeare_documents(), args.dataset, args.name or args.dataset
     out = Path(args.out_dir) / name
+    if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
+        fail(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    # everything is written to temporary files next to the real ones and renamed into place only once the
+    # whole run has succeeded: a run that fails half-way leaves an earlier data set of the same name intact
+    tmp = {f: out / f".{f}.tmp{os.getpid()}" for f in ("train.bin", "val.bin", "meta.json")}
+    try:
+        counts = write_splits(args, docs, name, dataset, dtype, tmp["train.bin"], tmp["val.bin"])
+        meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
+                "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
+        tmp["meta.json"].write_text(json.dumps(meta, indent=2) + "\n")
+        for f in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it vouches for the two others
+            os.replace(tmp[f], out / f)
+    finally:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()  # the folder this failed run made
+    print(f"wrote {out}: {counts['train']:,} train and {counts['val']:,} val tokens ({meta['dtype']})")
 
+
+def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
+    """Tokenize docs into the two files; returns the token count of each split."""
     # one draw per document, in document order: the split does not depend on --num_proc
     rng = np.random.default_rng(args.seed)
     counts = {"train": 0, "val": 0}
-    bins = {split: open(out / f"{split}.bin", "wb") for split in counts}
+    paths = {"train": train_path, "val": val_path}
     web = args.dataset in WEB_DATASETS and not args.files  # where --max_tokens ends the run: a bar with an ETA
     bar = tqdm(total=args.max_tokens if web else None, unit="tok", unit_scale=True, desc=f"tokenizing {name}")
-    with bar, contextlib.closing(tokenize_all(docs, args.tokenizer, args.num_proc)) as stream:
+    with contextlib.ExitStack() as stack:
+        bins = {split: stack.enter_context(open(path, "wb")) for split, path in paths.items()}
+        stack.enter_context(bar)
+        stream = stack.enter_context(contextlib.closing(tokenize_all(docs, args.tokenizer, args.num_proc)))
         for ids in stream:
             split = "val" if rng.random() < args.val_fraction else "train"
             bins[split].write(ids.tobytes())  # append as we go: the corpus never has to fit in memory
@@ -242,8 +284,6 @@ def main(argv=None):
             bar.update(len(ids))
             if args.max_tokens and counts["train"] + counts["val"] >= args.max_tokens:
                 break
-    for f in bins.values():
-        f.close()
     if args.max_tokens and counts["train"] + counts["val"] >= args.max_tokens:
         print(f"stopped at --max_tokens={args.max_tokens:,}")
     if counts["train"] + counts["val"] < 2:
@@ -253,16 +293,12 @@ def main(argv=None):
         # too few documents for any to be drawn: val gets the last val_fraction of train's tokens
         n = max(1, round(args.val_fraction * counts["train"]))
         keep = counts["train"] - n
-        np.fromfile(out / "train.bin", dtype=dtype, offset=keep * dtype().itemsize).tofile(out / "val.bin")
-        os.truncate(out / "train.bin", keep * dtype().itemsize)
+        np.fromfile(train_path, dtype=dtype, offset=keep * dtype().itemsize).tofile(val_path)
+        os.truncate(train_path, keep * dtype().itemsize)
         counts = {"train": keep, "val": n}
     elif counts["train"] == 0:
         fail(f"every document of {dataset} went to val; lower --val_fraction")
-
-    meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
-            "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"wrote {out}: {counts['train']:,} train and {counts['val']:,} val tokens ({meta['dtype']})")
+    return counts
 
 
 if __name__ == "__main__":

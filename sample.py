@@ -11,7 +11,7 @@ from contextlib import nullcontext
 import torch
 
 from prepare import get_tokenizer
-from train import ArgumentParser, ConfigError, fail, load_checkpoint, str2bool
+from train import ArgumentParser, ConfigError, fail, load_checkpoint, resolve_device, str2bool
 
 
 def parse_args(argv):
@@ -26,11 +26,18 @@ def parse_args(argv):
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling; 1.0 = off (seed 000 used 0.9)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA where supported), float32, bfloat16")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto = bfloat16 on CUDA where supported, else float32")
     p.add_argument("--use_cache", type=str2bool, nargs="?", const=True, default=True,
                    help="key/value cache (false: recompute the whole context per token)")
     p.add_argument("--compile", type=str2bool, nargs="?", const=True, default=False)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name, low in (("num_samples", 1), ("max_new_tokens", 0), ("temperature", 0), ("top_k", 0)):
+        if getattr(args, name) < low:
+            raise ConfigError(f"--{name} must be {low} or more, not {getattr(args, name)}")
+    if not 0 <= args.top_p <= 1:
+        raise ConfigError(f"--top_p must be between 0 and 1 (1 = off), not {args.top_p}")
+    return args
 
 
 def read_prompt(start):
@@ -40,16 +47,22 @@ def read_prompt(start):
                 return f.read()
         except OSError:
             raise ConfigError(f"cannot read the prompt file {start[5:]}")
+        except UnicodeDecodeError:
+            raise ConfigError(f"the prompt file {start[5:]} is not UTF-8 text; convert it (e.g. iconv -t utf-8)")
+    try:
+        start.encode("utf-8")  # bytes that are not UTF-8 reach Python's argv as unpaired surrogates
+    except UnicodeEncodeError:
+        raise ConfigError("--start is not valid UTF-8 text; pass UTF-8, or a file with --start FILE:path")
     return start
 
 
 def main(argv):
     args = parse_args(argv)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(args.device))
     use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.startswith("cuda")
                                             and torch.cuda.is_bf16_supported())
     ctx = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    model, ckpt = load_checkpoint(args.out_dir, device)
+    model, ckpt = load_checkpoint(args.out_dir, device, keys=("model_name", "model_args", "model", "meta"))
     model.eval()
     if args.compile:
         model = torch.compile(model)

