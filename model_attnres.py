@@ -15,10 +15,13 @@ values are the raw sources.
                     sublayer l reads v_0 .. v_{l-1}.
   attn_res="block": the 2L sublayers form n_blocks blocks of consecutive sublayers (default 4). Sources: b_0 =
                     the embedding, the completed block sums b_n = sum of f over block n, and the partial sum of
-                    the current block once it is non-empty. Where n_blocks does not divide 2L the blocks are as
-                    even as possible, longer ones first (numpy.array_split's sizes: 12 sublayers in 5 blocks are
-                    3,3,2,2,2); 1 <= n_blocks <= 2L is checked. Full mode is block mode with one sublayer per
-                    block (b_n = f_n, the partial is never read), and is implemented as exactly that.
+                    the current block once it is non-empty. Blocks start at transformer-layer boundaries, as
+                    Kimi's pseudo-code counts attention + MLP pairs: n_blocks <= L splits the L layers as evenly
+                    as possible, the first blocks one layer longer (numpy.array_split's sizes: 6 layers in 4
+                    blocks are 2,2,1,1 layers, i.e. 4,4,2,2 sublayers); more blocks than layers split the 2L
+                    sublayers the same way (12 sublayers in 8 blocks: 2,2,2,2,1,1,1,1); 1 <= n_blocks <= 2L is
+                    checked. Full mode is block mode with one sublayer per block (b_n = f_n, the partial is never
+                    read), and is implemented as exactly that.
 Output: one more mix with its own pseudo-query and key norm, over all block representations (full mode: all
 sources), feeds the final RMSNorm and the head, as in the Kimi paper. The seed-002 repository differs: it keeps a
 normal residual stream h = h + f and attends over snapshots of that stream (cumulative states). Here no residual
@@ -56,7 +59,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "Block", "GPT")  # components that differ from model_vanilla.py
-VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the sublayers unevenly
+VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the contract suite's 4 layers as 2,1,1
     "full": dict(attn_res="full"),
     "block3": dict(attn_res="block", n_blocks=3),
 }
@@ -186,7 +189,7 @@ def rms_normalize(x, eps):
 
 
 def block_ends(config):
-    """Indices of the sublayers that complete a depth block (sublayer 2i is block i's attn, 2i + 1 its mlp)."""
+    """Indices of the sublayers that complete a depth block (sublayer 2i is layer i's attn, 2i + 1 its mlp)."""
     n_sub = 2 * config.n_layer
     if config.attn_res == "full":
         return set(range(n_sub))  # one sublayer per block: every output is a source
@@ -194,8 +197,10 @@ def block_ends(config):
         raise ValueError(f"attn_res must be 'block' or 'full', not {config.attn_res!r}")
     if not 1 <= config.n_blocks <= n_sub:
         raise ValueError(f"n_blocks must be between 1 and 2 * n_layer = {n_sub}, not {config.n_blocks}")
-    q, r = divmod(n_sub, config.n_blocks)  # as even as possible: the first r blocks are one sublayer longer
-    return {(n + 1) * q + min(n + 1, r) - 1 for n in range(config.n_blocks)}
+    # as even as possible, the first r blocks one unit longer; units are whole layers while there are enough
+    units, per_unit = (config.n_layer, 2) if config.n_blocks <= config.n_layer else (n_sub, 1)
+    q, r = divmod(units, config.n_blocks)
+    return {((n + 1) * q + min(n + 1, r)) * per_unit - 1 for n in range(config.n_blocks)}
 
 
 class AttnRes(nn.Module):

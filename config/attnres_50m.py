@@ -1,5 +1,5 @@
 # Seed 000's recipe at the paper's 50m shape (Table 2) for Block Attention Residuals (seed 002, Kimi Team's
-# definition): the 12 sublayers form 4 blocks of 3; every sublayer reads a softmax over the embedding, the
+# definition): the 6 layers form 4 blocks of 2, 2, 1, 1 layers; every sublayer reads a softmax over the embedding, the
 # completed block sums and its block's partial sum. Full mode: add --attn_res=full.
 # FineWeb-Edu, sequence 4096, global batch 256 sequences, AdamW lr 1e-4 constant, weight decay 0.01, 20k steps.
 # Global batch = batch_size x gradient_accumulation_steps (divided among the GPUs, as in nanoGPT).

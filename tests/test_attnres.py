@@ -6,7 +6,8 @@ import model_attnres as attnres
 import model_vanilla as vanilla
 
 TINY = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
-MODES = {"block": {}, "block3": dict(n_blocks=3), "full": dict(attn_res="full")}  # block3: 8 sublayers as 3,3,2
+# blocks of layers (block: 1,1,1,1; block3: 2,1,1), of sublayers (block6: 2,2,1,1,1,1 of the 8), one per sublayer
+MODES = {"block": {}, "block3": dict(n_blocks=3), "block6": dict(n_blocks=6), "full": dict(attn_res="full")}
 
 
 def make(seed=0, randomise=False, **kw):
@@ -48,12 +49,22 @@ def mix64(sources, query, key_weight, eps, normalise_keys=True):
     return (a.unsqueeze(-1) * v).sum(0)
 
 
+def block_ends64(c):
+    """The last sublayer of each block, by the definition: numpy.array_split's blocks of whole layers, or of
+    sublayers when there are more blocks than layers; full mode: every sublayer."""
+    n_sub = 2 * c.n_layer
+    if c.attn_res == "full":
+        return set(range(n_sub))
+    if c.n_blocks <= c.n_layer:
+        return {2 * int(b[-1]) + 1 for b in torch.tensor_split(torch.arange(c.n_layer), c.n_blocks)}
+    return {int(b[-1]) for b in torch.tensor_split(torch.arange(n_sub), c.n_blocks)}
+
+
 def reference(model, rec, **mix_kw):
     """Each sublayer's input and the head's input, recomputed in float64 from the recorded sublayer outputs."""
     c, mixes = model.config, model.mixes()
     n_sub = 2 * c.n_layer
-    n_blocks = n_sub if c.attn_res == "full" else c.n_blocks
-    ends = {int(b[-1]) for b in torch.tensor_split(torch.arange(n_sub), n_blocks)}  # numpy.array_split's blocks
+    ends = block_ends64(c)
     completed, partial, inputs = [rec["emb"]], None, []
     for l in range(n_sub):
         sources = completed + ([partial] if partial is not None else [])
@@ -128,12 +139,22 @@ def test_extra_parameters_at_100m_shape():
 
 
 def test_block_split_and_validation():
-    def sizes(n_layer, n_blocks):
+    def sizes(n_layer, n_blocks):  # in sublayers
         ends = sorted(attnres.block_ends(attnres.GPTConfig(n_layer=n_layer, n_blocks=n_blocks)))
         return [b - a for a, b in zip([-1] + ends, ends)]
-    assert sizes(6, 4) == [3, 3, 3, 3] and sizes(4, 4) == [2, 2, 2, 2]
-    assert sizes(6, 5) == [3, 3, 2, 2, 2] and sizes(4, 3) == [3, 3, 2]  # uneven: longer blocks first
-    assert sizes(4, 1) == [8] and sizes(4, 8) == [1] * 8
+    # n_blocks <= n_layer: whole layers (attn + mlp pairs), as even as possible, longer blocks first
+    assert sizes(6, 4) == [4, 4, 2, 2] and sizes(4, 4) == [2, 2, 2, 2] and sizes(6, 6) == [2] * 6
+    assert sizes(6, 5) == [4, 2, 2, 2, 2] and sizes(4, 3) == [4, 2, 2] and sizes(4, 1) == [8]
+    # more blocks than layers: sublayers
+    assert sizes(6, 8) == [2, 2, 2, 2, 1, 1, 1, 1] and sizes(4, 6) == [2, 2, 1, 1, 1, 1] and sizes(4, 8) == [1] * 8
+    for n_layer in range(1, 9):
+        for n_blocks in range(1, 2 * n_layer + 1):
+            s = sizes(n_layer, n_blocks)
+            assert len(s) == n_blocks and sum(s) == 2 * n_layer and s == sorted(s, reverse=True)
+            if n_blocks <= n_layer:  # every block ends with an MLP: a block never splits a layer
+                assert all(n % 2 == 0 for n in s) and max(s) - min(s) <= 2
+            else:
+                assert max(s) - min(s) <= 1
     for bad in (dict(n_blocks=0), dict(n_blocks=9), dict(attn_res="dense")):
         with pytest.raises(ValueError):
             attnres.GPT(attnres.GPTConfig(**{**TINY, **bad}))
