@@ -1,6 +1,7 @@
 """Attention Residuals (model_attnres.py, seed 002): the tests issue 5 asks for, besides the contract suite."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model_attnres as attnres
 import model_vanilla as vanilla
@@ -218,3 +219,67 @@ def test_low_precision():
     model = model.eval().to(torch.bfloat16)  # a model cast to bf16, e.g. for sampling
     out = model.generate(idx[:, :3], 5, temperature=0)
     assert torch.isfinite(model(idx)[0].float()).all() and out.shape == (2, 8)
+
+
+def direct_mix(sources, mix, eps):
+    """The definition as written: stacked sources, keys RMSNorm'd with the mix's weight, softmax over depth."""
+    v = torch.stack(sources)  # (S, B, T, d)
+    k = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * mix.key_weight
+    a = (k @ mix.query).softmax(0)  # (S, B, T)
+    return (a.unsqueeze(-1) * v).sum(0)
+
+
+def direct_forward(model, idx, targets=None, cache=None):
+    """model's forward with the direct form of every mix, on the model's own modules (so gradients compare)."""
+    c, mixes, T = model.config, model.mixes(), idx.size(1)
+    past = cache.pos if cache is not None else 0
+    cos, sin = model.rope_cos[past:past + T], model.rope_sin[past:past + T]
+    ends, completed, partial, hidden = block_ends64(c), [model.tok_emb(idx)], None, []
+    for l in range(2 * c.n_layer):
+        block = model.blocks[l // 2]
+        h = direct_mix(completed + ([partial] if partial is not None else []), mixes[l], c.norm_eps)
+        f = block.attn(block.attn_norm(h), cos, sin, cache) if l % 2 == 0 else block.mlp(block.mlp_norm(h))
+        partial = f if partial is None else partial + f
+        if l in ends:
+            completed.append(partial)
+            partial = None
+        if l % 2 == 1:
+            hidden.append(direct_mix(completed + ([partial] if partial is not None else []), model.out_res, c.norm_eps))
+    if cache is not None:
+        cache.pos += T
+    logits = model.lm_head(model.norm(hidden[-1]))
+    loss = None  # as the model's, in float32
+    if targets is not None:
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+    return logits, loss, hidden
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 4])  # grouped-query and plain multi-head attention
+@pytest.mark.parametrize("mode", MODES)
+def test_two_phase_path_equals_direct_form_float64(mode, n_kv_head):
+    """The two-phase computation (logits of a source against every later mix in one matmul) against the direct
+    form, in float64: logits, loss, every gradient, the logit lens, and chunked decoding with the cache."""
+    model = make(randomise=True, n_kv_head=n_kv_head, **MODES[mode]).double()
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(30.0)  # sources of very different norms
+    idx, targets = tokens(T=16), tokens(seed=2, T=16)
+    logits, loss, hidden = model(idx, targets, return_hidden=True)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    want_logits, want_loss, want_hidden = direct_forward(model, idx, targets)
+    want_loss.backward()
+    def close(got, want):  # float64 agreement, relative to the tensor's scale
+        return (got - want).abs().max() <= 1e-12 * want.abs().max()
+    assert close(logits, want_logits) and close(loss, want_loss)
+    assert all(close(h, w) for h, w in zip(hidden, want_hidden))
+    for name, p in model.named_parameters():
+        assert close(grads[name], p.grad), name
+        assert p.grad.abs().max() > 0 or name.startswith("blocks.0.attn_res.")  # row 0 reads one source only
+    # key/value cache: a prompt, one token, then a chunk, each through both paths with their own caches
+    caches = [attnres.KVCache(model.config, 2, "cpu", torch.float64) for _ in range(2)]
+    with torch.no_grad():
+        for lo, hi in ((0, 9), (9, 10), (10, 16)):
+            got = model(idx[:, lo:hi], cache=caches[0])[0]
+            want = direct_forward(model, idx[:, lo:hi], cache=caches[1])[0]
+            assert close(got, want) and torch.allclose(got, logits[:, lo:hi], rtol=0, atol=1e-6)
