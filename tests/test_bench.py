@@ -3,8 +3,11 @@ import json
 import math
 import os
 
+import pytest
+
 import bench
 from conftest import ROOT
+from train import ConfigError
 
 
 def test_bench_and_results_table(data_dir, tmp_path):
@@ -38,3 +41,9 @@ def test_bench_and_results_table(data_dir, tmp_path):
     assert all(f"| {label} | {by_label[label]['val_loss']:.4f} |" in table for label in by_label)
     assert json.load(open(tmp_path / "results" / "results.json"))["results"][1]["label"] == "vertical"
     assert open(os.path.join(ROOT, "README.md")).read() == readme_before  # only --update_readme rewrites it
+
+
+def test_bench_rejects_empty_measurements():
+    for bad in ("--repeats=0", "--iters=0", "--warmup=-1"):
+        with pytest.raises(ConfigError, match="at least"):
+            bench.main(["--size=small", "--device=cpu", bad])
