@@ -8,9 +8,13 @@ with --train_iters, a sweep that trains every model with one budget and several 
 
 Per model: parameters (and the extra over vanilla), training tokens/s (forward + backward + AdamW step, after
 warm-up, median over repeats), peak memory of a training step, MFU on a known GPU, and sampling tokens/s
-with and without the key/value cache. On CUDA the peak memory is torch.cuda.max_memory_allocated. On CPU,
-where PyTorch keeps no such counter, it is the bytes of parameters, gradients and AdamW state plus the
-tensors autograd saves for the backward pass (the part in which the models differ).
+with and without the key/value cache. The speed ratio to vanilla comes from timed repeats interleaved with
+vanilla's (V M V M ... M V, each model repeat against the mean of its two neighbours), so that a change in the
+machine's load hits both sides alike: the table gives the median ratio and, in brackets, the smallest and the
+largest; the JSON keeps every repeat's seconds. On CUDA the peak memory is torch.cuda.max_memory_allocated
+less the memory held before the model was built (vanilla's). On CPU, where PyTorch keeps no such counter, it
+is the bytes of parameters, gradients and AdamW state plus the tensors autograd saves for the backward pass
+(the part in which the models differ).
 
 With --train_iters N every label is trained by train.py with one budget (same data, batch, lr and steps) and
 each of --seeds seeds (the seed sets the initialisation and the order of the training windows), then
@@ -69,8 +73,9 @@ def parse_args(argv):
     p.add_argument("--runs", default="", help="comma-separated labels to measure; '' = all (" +
                    ", ".join(r[0] for r in RUNS) + "); vanilla is always measured")
     p.add_argument("--warmup", type=int, default=2, help="untimed training steps per model")
-    p.add_argument("--iters", type=int, default=3, help="training steps per timed repeat")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--iters", type=int, default=2, help="training steps per timed repeat")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed repeats per model, each between two of vanilla's: the speed ratio is their median")
     p.add_argument("--sample_tokens", type=int, default=32, help="tokens generated per sampling measurement")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA where supported), float32, bfloat16")
@@ -118,51 +123,71 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def measure(label, module, shape, args, device, ctx):
-    config = module.GPTConfig(**shape)
-    torch.manual_seed(0)
-    model = module.GPT(config).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.param_groups(0.1), lr=1e-4)
-    step_model = torch.compile(model) if args.compile else model
-    B, T = args.batch_size, args.block_size
-    x = torch.randint(0, config.vocab_size, (B, T), device=device)
-    y = torch.randint(0, config.vocab_size, (B, T), device=device)
+class Training:
+    """One model with its AdamW optimiser and one fixed random batch: step() is a training step, timed() the
+    seconds of --iters of them."""
 
-    def train_step():
-        with ctx:
-            _, loss = step_model(x, y)
+    def __init__(self, module, shape, args, device, ctx):
+        self.config = module.GPTConfig(**shape)
+        torch.manual_seed(0)
+        self.model = module.GPT(self.config).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.param_groups(0.1), lr=1e-4)
+        self.step_model = torch.compile(self.model) if args.compile else self.model
+        self.x = torch.randint(0, self.config.vocab_size, (args.batch_size, args.block_size), device=device)
+        self.y = torch.randint(0, self.config.vocab_size, (args.batch_size, args.block_size), device=device)
+        self.iters, self.device, self.ctx = args.iters, device, ctx
+
+    def step(self):
+        with self.ctx:
+            _, loss = self.step_model(self.x, self.y)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if hasattr(model, "after_step"):
-            model.after_step()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if hasattr(self.model, "after_step"):
+            self.model.after_step()
 
+    def timed(self):
+        sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(self.iters):
+            self.step()
+        sync(self.device)
+        return time.perf_counter() - t0
+
+
+def interleaved(vanilla, run, repeats):
+    """Timed repeats in alternation, vanilla first and last: V M V M ... M V. Each model repeat is compared with
+    the mean of the vanilla repeats just before and after it, so that a change in the machine's load (other
+    jobs, clocks, caches) hits both sides of a ratio alike. Returns (vanilla seconds, model seconds, speed
+    ratios model / vanilla)."""
+    t_vanilla, t_model = [vanilla.timed()], []
+    for _ in range(repeats):
+        t_model.append(run.timed())
+        t_vanilla.append(vanilla.timed())
+    ratios = [(a + b) / 2 / t for a, b, t in zip(t_vanilla, t_vanilla[1:], t_model)]  # tok/s ratio = time ratio
+    return t_vanilla, t_model, ratios
+
+
+def measure(label, module, shape, args, device, ctx):
+    """Parameters, peak memory and sampling speed of one model; returns the row and its warm Training, timed
+    later against vanilla's. On CUDA, memory held before this model was built (vanilla's) is not counted."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        held = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
+    run = Training(module, shape, args, device, ctx)
+    model, T = run.model, args.block_size
     for _ in range(args.warmup):
-        train_step()
-    times = []
-    for _ in range(args.repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            train_step()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    tok_s = B * T * args.iters / statistics.median(times)
+        run.step()
     if device.type == "cuda":
-        peak_mem = torch.cuda.max_memory_allocated(device)
+        peak_mem = torch.cuda.max_memory_allocated(device) - held
     else:
-        peak_mem = saved_tensor_bytes(model, x, y)
-    flops = peak_flops(device, {"peak_flops": 0.0})
-    row = {"label": label, "params": n_params, "train_tok_s": tok_s, "peak_mem_bytes": peak_mem,
-           "flops_per_token": model.flops_per_token(T),
-           "mfu": model.flops_per_token(T) * tok_s / flops if flops else None}
+        peak_mem = saved_tensor_bytes(model, run.x, run.y)
+    row = {"label": label, "params": sum(p.numel() for p in model.parameters()), "peak_mem_bytes": peak_mem,
+           "flops_per_token": model.flops_per_token(T)}
 
     model.eval()
-    prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
+    prompt = torch.randint(0, run.config.vocab_size, (1, 16), device=device)
     for use_cache in (True, False):
         with torch.no_grad(), ctx:
             model.generate(prompt, 4, temperature=0, use_cache=use_cache)  # warm-up
@@ -171,8 +196,61 @@ def measure(label, module, shape, args, device, ctx):
             model.generate(prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
             sync(device)
         row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / (time.perf_counter() - t0)
-    del model, optimizer, step_model
-    return row
+    model.train()
+    return row, run
+
+
+def measure_all(wanted, shape, args, device, ctx):
+    """Rows for vanilla and every wanted run. Training speed: each model's timed repeats interleaved with
+    vanilla's (see interleaved()); train_speed_ratio is the median of the per-pair ratios, with their min and
+    max; vanilla's train_tok_s is the median of all its repeats."""
+    rows, vanilla = [], None
+    for label, name, overrides in RUNS:
+        if label != "vanilla" and label not in wanted:
+            continue
+        try:
+            module = load_model_module(name)
+        except ConfigError:
+            continue  # that model file is not in this checkout
+        row, run = measure(label, module, {**shape, **overrides}, args, device, ctx)
+        if vanilla is None:
+            vanilla, row["train_seconds"] = run, []
+        else:
+            if args.warmup:
+                vanilla.step()  # building and warming this model may have evicted vanilla's caches
+            t_vanilla, row["train_seconds"], row["train_speed_ratios"] = interleaved(vanilla, run, args.repeats)
+            rows[0]["train_seconds"] += t_vanilla
+        del run
+        rows.append(row)
+        print(f"  measured {label}", file=sys.stderr)
+    base = rows[0]
+    if not base["train_seconds"]:  # vanilla alone
+        base["train_seconds"] = [vanilla.timed() for _ in range(args.repeats)]
+    flops = peak_flops(device, {"peak_flops": 0.0})
+    for r in rows:
+        r["train_tok_s"] = args.batch_size * args.block_size * args.iters / statistics.median(r["train_seconds"])
+        r["mfu"] = r["flops_per_token"] * r["train_tok_s"] / flops if flops else None
+        ratios = r.get("train_speed_ratios", [1.0])
+        r["train_speed_ratio"] = statistics.median(ratios)
+        r["train_speed_ratio_min"], r["train_speed_ratio_max"] = min(ratios), max(ratios)
+        r["extra_params"] = r["params"] - base["params"]
+        r["peak_mem_ratio"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
+        r["cache_speedup"] = r["sample_tok_s_cache"] / r["sample_tok_s_nocache"]
+    return rows
+
+
+def print_measurements(rows):
+    header = (f"{'model':<17}{'params':>12}{'extra':>12}{'train tok/s':>13}{'x vanilla (min-max)':>22}"
+              f"{'peak MB':>10}{'x vanilla':>10}{'MFU':>7}{'sample tok/s':>14}{'no cache':>10}")
+    print(header)
+    for r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        speed = f"{r['train_speed_ratio']:.3f}"
+        if "train_speed_ratios" in r:
+            speed += f" ({r['train_speed_ratio_min']:.2f}-{r['train_speed_ratio_max']:.2f})"
+        print(f"{r['label']:<17}{r['params']:>12,}{r['extra_params']:>12,}{r['train_tok_s']:>13,.0f}{speed:>22}"
+              f"{r['peak_mem_bytes'] / 2**20:>10.1f}{r['peak_mem_ratio']:>10.3f}"
+              f"{mfu:>7}{r['sample_tok_s_cache']:>14,.1f}{r['sample_tok_s_nocache']:>10,.1f}")
 
 
 def main(argv):
@@ -184,6 +262,8 @@ def main(argv):
     unknown = wanted - {r[0] for r in RUNS}
     if unknown:
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
+    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
+        raise ConfigError("--iters and --repeats must be at least 1, --warmup at least 0")
     if args.train_iters:  # train on real data: the vocabulary is the data set's
         args.vocab_size = train.read_meta(args.data_dir, args.dataset)["vocab_size"]
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
@@ -198,37 +278,15 @@ def main(argv):
           f"{'bfloat16' if use_bf16 else 'float32'}{', compiled' if args.compile else ''}, torch {torch.__version__}")
     if args.train_iters:
         return sweep(wanted | {"vanilla"}, shape, args, device, ctx, hardware, "bfloat16" if use_bf16 else "float32", argv)
-    rows = []
-    for label, name, overrides in RUNS:
-        if label != "vanilla" and label not in wanted:
-            continue
-        try:
-            module = load_model_module(name)
-        except ConfigError:
-            continue  # that model file is not in this checkout
-        rows.append(measure(label, module, {**shape, **overrides}, args, device, ctx))
-        print(f"  measured {label}", file=sys.stderr)
-    base = rows[0]
-    for r in rows:
-        r["extra_params"] = r["params"] - base["params"]
-        r["train_speed_ratio"] = r["train_tok_s"] / base["train_tok_s"]
-        r["peak_mem_ratio"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
-        r["cache_speedup"] = r["sample_tok_s_cache"] / r["sample_tok_s_nocache"]
-
-    header = (f"{'model':<17}{'params':>12}{'extra':>12}{'train tok/s':>13}{'x vanilla':>10}{'peak MB':>10}"
-              f"{'x vanilla':>10}{'MFU':>7}{'sample tok/s':>14}{'no cache':>10}")
-    print(header)
-    for r in rows:
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{r['label']:<17}{r['params']:>12,}{r['extra_params']:>12,}{r['train_tok_s']:>13,.0f}"
-              f"{r['train_speed_ratio']:>10.3f}{r['peak_mem_bytes'] / 2**20:>10.1f}{r['peak_mem_ratio']:>10.3f}"
-              f"{mfu:>7}{r['sample_tok_s_cache']:>14,.1f}{r['sample_tok_s_nocache']:>10,.1f}")
+    rows = measure_all(wanted, shape, args, device, ctx)
+    print_measurements(rows)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "shape": shape, "batch_size": args.batch_size, "hardware": hardware,
                        "dtype": "bfloat16" if use_bf16 else "float32", "compile": args.compile,
-                       "torch": torch.__version__, "results": rows}, f, indent=1)
+                       "torch": torch.__version__, "warmup": args.warmup, "iters": args.iters, "repeats": args.repeats,
+                       "results": rows}, f, indent=1)
     return rows
 
 

@@ -15,21 +15,31 @@ values are the raw sources.
                     sublayer l reads v_0 .. v_{l-1}.
   attn_res="block": the 2L sublayers form n_blocks blocks of consecutive sublayers (default 4). Sources: b_0 =
                     the embedding, the completed block sums b_n = sum of f over block n, and the partial sum of
-                    the current block once it is non-empty. Where n_blocks does not divide 2L the blocks are as
-                    even as possible, longer ones first (numpy.array_split's sizes: 12 sublayers in 5 blocks are
-                    3,3,2,2,2); 1 <= n_blocks <= 2L is checked. Full mode is block mode with one sublayer per
-                    block (b_n = f_n, the partial is never read), and is implemented as exactly that.
+                    the current block once it is non-empty. Blocks start at transformer-layer boundaries, as
+                    Kimi's pseudo-code counts attention + MLP pairs: n_blocks <= L splits the L layers as evenly
+                    as possible, the first blocks one layer longer (numpy.array_split's sizes: 6 layers in 4
+                    blocks are 2,2,1,1 layers, i.e. 4,4,2,2 sublayers); more blocks than layers split the 2L
+                    sublayers the same way (12 sublayers in 8 blocks: 2,2,2,2,1,1,1,1); 1 <= n_blocks <= 2L is
+                    checked. Full mode is block mode with one sublayer per block (b_n = f_n, the partial is never
+                    read), and is implemented as exactly that.
 Output: one more mix with its own pseudo-query and key norm, over all block representations (full mode: all
 sources), feeds the final RMSNorm and the head, as in the Kimi paper. The seed-002 repository differs: it keeps a
 normal residual stream h = h + f and attends over snapshots of that stream (cumulative states). Here no residual
 stream exists; the sources are block sums of sublayer outputs.
 
-Implementation: RMSNorm_l(v) . w_l = (v / rms(v)) . (g_l * w_l), so each source is normalised once, when it is
-complete (DepthSources), and each mix folds its norm weight into its query. Sources are a list in which every
-source and its normalised key are stored once and never copied; only the (S, B, T) logits are stacked. (A stacked
-(S, B, T, d) tensor grown by torch.cat per block would keep one copy per block alive for backward: O(N^2) source
-tensors, O(L^2) in full mode.) Sources keep the embedding's dtype (float32 under autocast, like vanilla's stream).
-The mix is per token, so causality is unchanged and generation just passes the key/value cache to attention.
+Implementation, in two phases as the Kimi paper computes it: RMSNorm_l(v) . w_l = (v . q_l) / rms(v) with the
+folded query q_l = g_l * w_l, which does not depend on the input, and every mix after a source's completion reads
+that source. So when a source completes (DepthSources.complete), its logits against all later mixes come from one
+(B*T, d) x (d, n) matmul scaled by 1 / rms(v); a mix then gathers its column from each source and does the
+softmax and one weighted sum (a fused multiply-add per source). Only the open block's partial sum, which changes
+after every sublayer, gets its logit when it is read. No normalised key is ever stored: autograd keeps the raw
+sources, which the weighted sums need anyway, and the small (B, T, n) logits. Sources are a list, each stored once
+and never copied (a stacked (S, B, T, d) tensor grown by torch.cat per block would keep one copy per block alive
+for backward: O(N^2) source tensors, O(L^2) in full mode). The logits are float32 also under autocast (float64 in
+a float64 model); sources keep the embedding's dtype (float32 under autocast, like vanilla's stream). The mix is
+per token, so causality is unchanged and generation just passes the key/value cache to attention.
+tests/test_attnres.py checks this path against the direct form (stacked sources, softmax of w . RMSNorm(v)) in
+float64: logits, gradients, the key/value cache and GQA.
 
 Interpretations:
 - Dropout on sublayer outputs, the pre-norm modules and the 0.02/sqrt(2L) init of attn.wo and mlp.w2 stay as in
@@ -56,7 +66,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "Block", "GPT")  # components that differ from model_vanilla.py
-VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the sublayers unevenly
+VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the contract suite's 4 layers as 2,1,1
     "full": dict(attn_res="full"),
     "block3": dict(attn_res="block", n_blocks=3),
 }
@@ -179,14 +189,8 @@ class MLP(nn.Module):
 
 
 
-def rms_normalize(x, eps):
-    """x / rms(x) in float32: a key RMSNorm without its weight, computed once per source."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-
-
 def block_ends(config):
-    """Indices of the sublayers that complete a depth block (sublayer 2i is block i's attn, 2i + 1 its mlp)."""
+    """Indices of the sublayers that complete a depth block (sublayer 2i is layer i's attn, 2i + 1 its mlp)."""
     n_sub = 2 * config.n_layer
     if config.attn_res == "full":
         return set(range(n_sub))  # one sublayer per block: every output is a source
@@ -194,8 +198,19 @@ def block_ends(config):
         raise ValueError(f"attn_res must be 'block' or 'full', not {config.attn_res!r}")
     if not 1 <= config.n_blocks <= n_sub:
         raise ValueError(f"n_blocks must be between 1 and 2 * n_layer = {n_sub}, not {config.n_blocks}")
-    q, r = divmod(n_sub, config.n_blocks)  # as even as possible: the first r blocks are one sublayer longer
-    return {(n + 1) * q + min(n + 1, r) - 1 for n in range(config.n_blocks)}
+    # as even as possible, the first r blocks one unit longer; units are whole layers while there are enough
+    units, per_unit = (config.n_layer, 2) if config.n_blocks <= config.n_layer else (n_sub, 1)
+    q, r = divmod(units, config.n_blocks)
+    return {((n + 1) * q + min(n + 1, r)) * per_unit - 1 for n in range(config.n_blocks)}
+
+
+def depth_logits(v, queries, eps):
+    """(v / rms(v)) . q for every row q of queries (n, d): (B, T, n), one matmul. Float32 at least, also under
+    autocast: the softmax over depth reads these logits."""
+    dtype = torch.promote_types(v.dtype, torch.float32)
+    with torch.autocast(v.device.type, enabled=False):
+        v = v.to(dtype)
+        return (v @ queries.to(dtype).t()) * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class AttnRes(nn.Module):
@@ -207,48 +222,59 @@ class AttnRes(nn.Module):
         self.key_weight = nn.Parameter(torch.ones(config.n_embd))  # g, the weight of this mix's key RMSNorm
         self.mean_weights = None  # (S,) mean softmax weight per source over the last forward batch
 
-    def forward(self, values, keys):
-        """values: S raw sources (B, T, d); keys: the same after rms_normalize. Returns the mix (B, T, d)."""
-        q = self.query.float() * self.key_weight.float()  # (v / rms(v) * g) . w = (v / rms(v)) . (g * w)
-        logits = torch.stack([(k * q).sum(-1) for k in keys])  # (S, B, T) in float32, no 1/sqrt(d)
-        a = logits.softmax(dim=0)  # over sources, per token
-        self.mean_weights = a.detach().mean(dim=(1, 2))
-        return sum(a_i.unsqueeze(-1) * v for a_i, v in zip(a, values)).type_as(values[0])
+    def folded_query(self):
+        """g * w: (v / rms(v) * g) . w = (v / rms(v)) . (g * w), so a key needs no weight of its own."""
+        return self.key_weight * self.query
+
+    def forward(self, logits, values):
+        """logits: S tensors (B, T), this mix's w . RMSNorm(v_i); values: the S raw sources (B, T, d)."""
+        a = torch.stack(logits, dim=-1).softmax(dim=-1)  # (B, T, S): over sources, per token
+        self.mean_weights = a.detach().mean(dim=(0, 1))
+        a = a.unsqueeze(-2)  # (B, T, 1, S)
+        h = a[..., 0] * values[0]
+        for i in range(1, len(values)):
+            h = torch.addcmul(h, a[..., i], values[i])  # the weighted sum, one fused multiply-add per source
+        return h.type_as(values[0])
 
 
 class DepthSources:
-    """What the next sublayer may read: the completed sources (the embedding, then block sums), each stored once
-    with its normalised key, and the partial sum of the open block. A list, so no sublayer copies a source."""
+    """What the mixes may read: the completed sources (the embedding, then block sums), each stored once with
+    its logits against every later mix (phase one), and the partial sum of the open block. A list, so no mix
+    copies a source."""
 
-    def __init__(self, emb, ends, eps):
-        self.ends, self.eps = ends, eps
-        self.values, self.keys = [], []
+    def __init__(self, emb, queries, ends, eps):
+        self.queries, self.ends, self.eps = queries, ends, eps  # queries (2L + 1, d): every mix's folded g * w
+        self.values, self.logits, self.first = [], [], []  # per completed source: (B, T, d), (B, T, n), first reader
         self.partial, self.n_done = None, 0  # the open block's sum so far; sublayers run so far
         self.complete(emb)
 
     def complete(self, v):
         self.values.append(v)
-        self.keys.append(rms_normalize(v, self.eps))
+        self.logits.append(depth_logits(v, self.queries[self.n_done:], self.eps))  # (B, T, 2L + 1 - n_done)
+        self.first.append(self.n_done)
 
     def add(self, f):
         """Take in the output f of the next sublayer."""
         f = f.type_as(self.values[0])  # the embedding's dtype, as vanilla's x = x + f keeps it
         self.partial = f if self.partial is None else self.partial + f
-        if self.n_done in self.ends:
+        self.n_done += 1
+        if self.n_done - 1 in self.ends:
             self.complete(self.partial)
             self.partial = None
-        self.n_done += 1
 
-    def read(self):
-        """(values, keys) of every source available now; the partial sum changes, so its key is made here."""
+    def read(self, mix):
+        """(logits, values) of every source available now, for the mix of index `mix` (2L: the output mix)."""
+        logits = [lg[..., mix - first] for lg, first in zip(self.logits, self.first)]  # (B, T) each
         if self.partial is None:
-            return self.values, self.keys
-        return self.values + [self.partial], self.keys + [rms_normalize(self.partial, self.eps)]
+            return logits, self.values
+        logits.append(depth_logits(self.partial, self.queries[mix:mix + 1], self.eps)[..., 0])
+        return logits, self.values + [self.partial]
 
 
 class Block(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
+        self.layer_idx = layer_idx  # its mixes are 2 * layer_idx (attn) and 2 * layer_idx + 1 (mlp)
         self.attn_res = AttnRes(config)  # mixes the attention's input
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = CausalSelfAttention(config, layer_idx)
@@ -259,9 +285,9 @@ class Block(nn.Module):
 
     def forward(self, sources, cos, sin, cache=None):
         """Each sublayer reads a depth mix of the sources; its output joins them (no residual addition)."""
-        h = self.attn_res(*sources.read())
+        h = self.attn_res(*sources.read(2 * self.layer_idx))
         sources.add(self.drop(self.attn(self.attn_norm(h), cos, sin, cache)))
-        h = self.mlp_res(*sources.read())
+        h = self.mlp_res(*sources.read(2 * self.layer_idx + 1))
         sources.add(self.drop(self.mlp(self.mlp_norm(h))))
 
 
@@ -297,15 +323,17 @@ class GPT(nn.Module):
         past = cache.pos if cache is not None else 0
         assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
         cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
-        sources = DepthSources(self.drop(self.tok_emb(idx)), self.block_ends, self.config.norm_eps)
+        queries = torch.stack([m.folded_query() for m in self.mixes()])  # (2L + 1, d)
+        sources = DepthSources(self.drop(self.tok_emb(idx)), queries, self.block_ends, self.config.norm_eps)
+        out_mix = 2 * self.config.n_layer
         hidden = []
         for block in self.blocks:
             block(sources, cos, sin, cache)
-            if return_hidden:
-                hidden.append(self.out_res(*sources.read()))  # what the head would read if the model ended here
+            if return_hidden:  # what the head would read if the model ended here
+                hidden.append(self.out_res(*sources.read(out_mix)))
         if cache is not None:
             cache.pos += T
-        x = self.out_res(*sources.read())  # every block is complete: the mix over all block representations
+        x = self.out_res(*sources.read(out_mix))  # every block is complete: the mix over all block representations
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
         if targets is not None:

@@ -1,12 +1,14 @@
 """Attention Residuals (model_attnres.py, seed 002): the tests issue 5 asks for, besides the contract suite."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model_attnres as attnres
 import model_vanilla as vanilla
 
 TINY = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
-MODES = {"block": {}, "block3": dict(n_blocks=3), "full": dict(attn_res="full")}  # block3: 8 sublayers as 3,3,2
+# blocks of layers (block: 1,1,1,1; block3: 2,1,1), of sublayers (block6: 2,2,1,1,1,1 of the 8), one per sublayer
+MODES = {"block": {}, "block3": dict(n_blocks=3), "block6": dict(n_blocks=6), "full": dict(attn_res="full")}
 
 
 def make(seed=0, randomise=False, **kw):
@@ -48,12 +50,22 @@ def mix64(sources, query, key_weight, eps, normalise_keys=True):
     return (a.unsqueeze(-1) * v).sum(0)
 
 
+def block_ends64(c):
+    """The last sublayer of each block, by the definition: numpy.array_split's blocks of whole layers, or of
+    sublayers when there are more blocks than layers; full mode: every sublayer."""
+    n_sub = 2 * c.n_layer
+    if c.attn_res == "full":
+        return set(range(n_sub))
+    if c.n_blocks <= c.n_layer:
+        return {2 * int(b[-1]) + 1 for b in torch.tensor_split(torch.arange(c.n_layer), c.n_blocks)}
+    return {int(b[-1]) for b in torch.tensor_split(torch.arange(n_sub), c.n_blocks)}
+
+
 def reference(model, rec, **mix_kw):
     """Each sublayer's input and the head's input, recomputed in float64 from the recorded sublayer outputs."""
     c, mixes = model.config, model.mixes()
     n_sub = 2 * c.n_layer
-    n_blocks = n_sub if c.attn_res == "full" else c.n_blocks
-    ends = {int(b[-1]) for b in torch.tensor_split(torch.arange(n_sub), n_blocks)}  # numpy.array_split's blocks
+    ends = block_ends64(c)
     completed, partial, inputs = [rec["emb"]], None, []
     for l in range(n_sub):
         sources = completed + ([partial] if partial is not None else [])
@@ -128,12 +140,22 @@ def test_extra_parameters_at_100m_shape():
 
 
 def test_block_split_and_validation():
-    def sizes(n_layer, n_blocks):
+    def sizes(n_layer, n_blocks):  # in sublayers
         ends = sorted(attnres.block_ends(attnres.GPTConfig(n_layer=n_layer, n_blocks=n_blocks)))
         return [b - a for a, b in zip([-1] + ends, ends)]
-    assert sizes(6, 4) == [3, 3, 3, 3] and sizes(4, 4) == [2, 2, 2, 2]
-    assert sizes(6, 5) == [3, 3, 2, 2, 2] and sizes(4, 3) == [3, 3, 2]  # uneven: longer blocks first
-    assert sizes(4, 1) == [8] and sizes(4, 8) == [1] * 8
+    # n_blocks <= n_layer: whole layers (attn + mlp pairs), as even as possible, longer blocks first
+    assert sizes(6, 4) == [4, 4, 2, 2] and sizes(4, 4) == [2, 2, 2, 2] and sizes(6, 6) == [2] * 6
+    assert sizes(6, 5) == [4, 2, 2, 2, 2] and sizes(4, 3) == [4, 2, 2] and sizes(4, 1) == [8]
+    # more blocks than layers: sublayers
+    assert sizes(6, 8) == [2, 2, 2, 2, 1, 1, 1, 1] and sizes(4, 6) == [2, 2, 1, 1, 1, 1] and sizes(4, 8) == [1] * 8
+    for n_layer in range(1, 9):
+        for n_blocks in range(1, 2 * n_layer + 1):
+            s = sizes(n_layer, n_blocks)
+            assert len(s) == n_blocks and sum(s) == 2 * n_layer and s == sorted(s, reverse=True)
+            if n_blocks <= n_layer:  # every block ends with an MLP: a block never splits a layer
+                assert all(n % 2 == 0 for n in s) and max(s) - min(s) <= 2
+            else:
+                assert max(s) - min(s) <= 1
     for bad in (dict(n_blocks=0), dict(n_blocks=9), dict(attn_res="dense")):
         with pytest.raises(ValueError):
             attnres.GPT(attnres.GPTConfig(**{**TINY, **bad}))
@@ -197,3 +219,67 @@ def test_low_precision():
     model = model.eval().to(torch.bfloat16)  # a model cast to bf16, e.g. for sampling
     out = model.generate(idx[:, :3], 5, temperature=0)
     assert torch.isfinite(model(idx)[0].float()).all() and out.shape == (2, 8)
+
+
+def direct_mix(sources, mix, eps):
+    """The definition as written: stacked sources, keys RMSNorm'd with the mix's weight, softmax over depth."""
+    v = torch.stack(sources)  # (S, B, T, d)
+    k = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * mix.key_weight
+    a = (k @ mix.query).softmax(0)  # (S, B, T)
+    return (a.unsqueeze(-1) * v).sum(0)
+
+
+def direct_forward(model, idx, targets=None, cache=None):
+    """model's forward with the direct form of every mix, on the model's own modules (so gradients compare)."""
+    c, mixes, T = model.config, model.mixes(), idx.size(1)
+    past = cache.pos if cache is not None else 0
+    cos, sin = model.rope_cos[past:past + T], model.rope_sin[past:past + T]
+    ends, completed, partial, hidden = block_ends64(c), [model.tok_emb(idx)], None, []
+    for l in range(2 * c.n_layer):
+        block = model.blocks[l // 2]
+        h = direct_mix(completed + ([partial] if partial is not None else []), mixes[l], c.norm_eps)
+        f = block.attn(block.attn_norm(h), cos, sin, cache) if l % 2 == 0 else block.mlp(block.mlp_norm(h))
+        partial = f if partial is None else partial + f
+        if l in ends:
+            completed.append(partial)
+            partial = None
+        if l % 2 == 1:
+            hidden.append(direct_mix(completed + ([partial] if partial is not None else []), model.out_res, c.norm_eps))
+    if cache is not None:
+        cache.pos += T
+    logits = model.lm_head(model.norm(hidden[-1]))
+    loss = None  # as the model's, in float32
+    if targets is not None:
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+    return logits, loss, hidden
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 4])  # grouped-query and plain multi-head attention
+@pytest.mark.parametrize("mode", MODES)
+def test_two_phase_path_equals_direct_form_float64(mode, n_kv_head):
+    """The two-phase computation (logits of a source against every later mix in one matmul) against the direct
+    form, in float64: logits, loss, every gradient, the logit lens, and chunked decoding with the cache."""
+    model = make(randomise=True, n_kv_head=n_kv_head, **MODES[mode]).double()
+    with torch.no_grad():
+        model.tok_emb.weight.mul_(30.0)  # sources of very different norms
+    idx, targets = tokens(T=16), tokens(seed=2, T=16)
+    logits, loss, hidden = model(idx, targets, return_hidden=True)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    want_logits, want_loss, want_hidden = direct_forward(model, idx, targets)
+    want_loss.backward()
+    def close(got, want):  # float64 agreement, relative to the tensor's scale
+        return (got - want).abs().max() <= 1e-12 * want.abs().max()
+    assert close(logits, want_logits) and close(loss, want_loss)
+    assert all(close(h, w) for h, w in zip(hidden, want_hidden))
+    for name, p in model.named_parameters():
+        assert close(grads[name], p.grad), name
+        assert p.grad.abs().max() > 0 or name.startswith("blocks.0.attn_res.")  # row 0 reads one source only
+    # key/value cache: a prompt, one token, then a chunk, each through both paths with their own caches
+    caches = [attnres.KVCache(model.config, 2, "cpu", torch.float64) for _ in range(2)]
+    with torch.no_grad():
+        for lo, hi in ((0, 9), (9, 10), (10, 16)):
+            got = model(idx[:, lo:hi], cache=caches[0])[0]
+            want = direct_forward(model, idx[:, lo:hi], cache=caches[1])[0]
+            assert close(got, want) and torch.allclose(got, logits[:, lo:hi], rtol=0, atol=1e-6)

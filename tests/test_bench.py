@@ -2,7 +2,10 @@
 import json
 import math
 
+import pytest
+
 import bench
+from train import ConfigError
 
 
 def test_bench_table(tmp_path):
@@ -16,4 +19,21 @@ def test_bench_table(tmp_path):
     for r in rows:
         for key in ("train_tok_s", "train_speed_ratio", "peak_mem_ratio", "sample_tok_s_cache"):
             assert math.isfinite(r[key]) and r[key] > 0, (r["label"], key)
+        assert r["train_speed_ratio_min"] <= r["train_speed_ratio"] <= r["train_speed_ratio_max"]
         assert r["params"] == by_label["vanilla"]["params"] + r["extra_params"]
+    # speed: every model's 2 timed repeats sat between vanilla's (V M V M V); ratios against the two neighbours
+    t_vanilla = by_label["vanilla"]["train_seconds"]
+    assert len(t_vanilla) == 2 * 3 and "train_speed_ratios" not in by_label["vanilla"]
+    for i, label in enumerate(["vertical", "attnres"]):
+        r, neighbours = by_label[label], t_vanilla[3 * i:3 * i + 3]
+        assert len(r["train_seconds"]) == 2
+        want = [(a + b) / 2 / t for a, b, t in zip(neighbours, neighbours[1:], r["train_seconds"])]
+        assert r["train_speed_ratios"] == want and r["train_speed_ratio"] == sum(want) / 2
+        assert (r["train_speed_ratio_min"], r["train_speed_ratio_max"]) == (min(want), max(want))
+        assert r["train_tok_s"] == 2 * 32 / (sum(r["train_seconds"]) / 2)  # batch x block_size x iters / median
+
+
+def test_bench_rejects_empty_measurements():
+    for bad in ("--repeats=0", "--iters=0", "--warmup=-1"):
+        with pytest.raises(ConfigError, match="at least"):
+            bench.main(["--size=small", "--device=cpu", bad])
