@@ -19,10 +19,24 @@ With zero gate parameters every gate is exactly 1 and the model is the dense san
 Interpretations:
 - Gated attention adds ln g to the logit of the KEY position, so that later queries stop attending to a skipped
   token. The reference code adds it per QUERY row (score_mod[b, q_idx]), where softmax cancels it: a no-op.
-  SDPA gets an explicit float mask (B, 1, T, Tk) = causal (-inf above the diagonal) + the per-key gate bias, so the
-  flash kernel does not apply and the kernels compute every (query, key) pair; flops_per_token counts that.
-  K and V are expanded to one head per query head there, because CUDA's memory-efficient kernel (the one that
-  takes a float mask) has no GQA and SDPA would otherwise fall back to the math kernel.
+  The bias depends on the key only, so it rides inside the keys (gate_into_keys): every query gets one more
+  coordinate c = 1 and every key ln(max(g_j, eps)) / (c * scale), with scale = 1/sqrt(hd) passed to SDPA
+  explicitly; q, k and v are zero-padded to a multiple of 8. Then q . k * scale is the logit plus the bias, and
+  SDPA runs plain causal attention with GQA (is_causal=True, enable_gqa): no (B, 1, T, T) mask and no copy of
+  K and V per query head, so the flash kernels apply on CPU and CUDA (CUDA's flash needs the head size a
+  multiple of 8 and no explicit mask; flash on both needs v's head size equal to q's and k's, hence v's pad,
+  which only CUDA's memory-efficient kernel would not need). Cost: hd -> hd + 8 - hd % 8 in the attention
+  matmuls (32 -> 40 at the small shape; 64 -> 72 and 128 -> 136, which CUDA's flash kernel rounds up to its
+  next compiled size). FlexAttention with a score_mod would add the bias without the extra columns, but in
+  torch 2.13 it has no backward on CPU and needs torch.compile to be fast; measured on CPU (one attention
+  layer, 4 x 1024 tokens, 4 heads of 32, forward + backward, 1 thread): plain causal 0.49 s, this path 0.61 s,
+  the explicit mask with expanded K, V 1.06 s. The appended coordinate is exact in float64 and costs no more
+  than the direct mask in bf16 (next item), so it is the one path everywhere.
+  bf16: c is a power of two (exact in every format), so c * k_extra * scale reproduces the bias up to one bf16
+  rounding of k_extra, a relative error of at most 2^-9 of the bias (0.027 for ln 1e-6 = -13.8, i.e. a relative
+  error of 2.7% on a weight of 1e-6; 0.0014 on ln 0.5), which is exactly what rounding the direct float mask
+  to bf16 costs; any c that is a power of two gives the same, a c that is not adds its own rounding.
+  tests/test_skipmiddle.py checks it: both paths in bf16 against a float64 reference, same error.
   The bias is differentiable: the gate also learns through attention (eq. 3 as written).
 - The gate reads the raw residual stream entering its block (as the reference does), not a normalised copy.
 - Odd L: the middle block l = (L-1)/2 satisfies l < L/2, so it has a gate of its own (accumulated like the
@@ -51,9 +65,10 @@ Interpretations:
   train.py: this process's share of the validation windows), else from the last optimiser step (all ranks).
 - depth_map(): (L, 1), the mean gate of every block from the same statistics as stats() (not consumed by it);
   it raises if no forward has been recorded yet, so run some forwards (e.g. validation) first.
-- KVCache keeps each cached key's gate per layer, so that a skipped token stays masked during generation.
+- KVCache keeps each cached key's gate per layer (in float32 at least), so that a skipped token stays masked
+  during generation; the gate coordinate is appended to the cached keys at every step.
 - The compute is not really skipped: a skipped token's block output is multiplied by 0 (the paper measures FLOPs
-  "assuming" the saving too). Options left out: FlexAttention, and an inference path that drops g == 0 tokens.
+  "assuming" the saving too). Options left out: FlexAttention (see above), and an inference path that drops g == 0 tokens.
 
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
 and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
@@ -125,7 +140,8 @@ class KVCache:
         shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.g = torch.ones(config.n_layer, batch_size, config.block_size, device=device)  # each key's gate
+        gate_dtype = torch.promote_types(dtype, torch.float32)  # gates never below float32
+        self.g = torch.ones(config.n_layer, batch_size, config.block_size, device=device, dtype=gate_dtype)
         self.pos = 0  # number of tokens already in the cache
 
     def update(self, layer, k, v):
@@ -151,12 +167,23 @@ def attention_mask(T, Tk, past, device):
     return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
 
 
-def gated_attention_mask(g, T, past):
-    """Float mask (B, 1, T, Tk) for T new queries against the Tk = past + T keys whose gates are g (B, Tk):
-    -inf where key j lies after query i (causal), else ln(max(g_j, eps)), the same for every query (eq. 3)."""
-    causal = torch.ones(T, g.size(1), dtype=torch.bool, device=g.device).tril(diagonal=past)  # (T, Tk)
-    bias = torch.log(g.float().clamp(min=GATE_EPS))[:, None, None, :]                          # (B, 1, 1, Tk)
-    return torch.where(causal, bias, float("-inf"))                                          # (B, 1, T, Tk)
+GATE_C = 1.0  # the query's appended coordinate: a power of two, exact in every float format
+
+
+def gate_into_keys(q, k, v, g):
+    """Carry the per-key gate bias ln(max(g_j, eps)) of eq. 3 inside the keys, so that plain causal SDPA adds it:
+    q gets one more coordinate c, k gets ln(max(g_j, eps)) / (c * scale), scale = 1/sqrt(hd) of the UNPADDED
+    head size (pass it to SDPA); then q . k * scale = (q_hd . k_hd) * scale + ln(max(g_j, eps)). q, k and v are
+    zero-padded to the next multiple of 8 (flash kernels need it; v because flash needs equal head sizes).
+    q (B, H, T, hd), k and v (B, H_kv, Tk, hd), g (B, Tk) -> q (B, H, T, hp), k and v (B, H_kv, Tk, hp)."""
+    hd = q.size(-1)
+    pad = 8 - hd % 8  # >= 1: room for the gate coordinate
+    g = g.to(torch.promote_types(g.dtype, torch.float32))  # the log in float32 at least (float64 in tests)
+    bias = torch.log(g.clamp(min=GATE_EPS)) * (hd ** 0.5 / GATE_C)                 # (B, Tk)
+    bias = bias[:, None, :, None].expand(-1, k.size(1), -1, 1).to(k.dtype)         # (B, H_kv, Tk, 1)
+    q = torch.cat((q, torch.full_like(q[..., :1], GATE_C), q.new_zeros(*q.shape[:-1], pad - 1)), dim=-1)
+    k = torch.cat((k, bias, k.new_zeros(*k.shape[:-1], pad - 1)), dim=-1)
+    return q, k, F.pad(v, (0, pad))
 
 
 class CausalSelfAttention(nn.Module):
@@ -185,17 +212,13 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
             if g is not None:
                 g = cache.update_gates(self.layer_idx, g)  # (B, past + T): cached keys keep their gates
-        if g is None:
-            is_causal, mask = attention_mask(T, k.size(2), past, x.device)
-        else:
-            is_causal, mask = False, gated_attention_mask(g, T, past).to(q.dtype)  # (B, 1, T, past + T)
-            # a float mask rules out the flash kernel and CUDA's memory-efficient kernel has no GQA: without
-            # this expansion SDPA would fall back to the math kernel, which materialises (B, H, T, Tk)
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, H, past + T, hd)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, H, past + T, hd)
-        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
+        if g is not None:
+            q, k, v = gate_into_keys(q, k, v, g)  # (B, H, T, hp), (B, H_kv, past + T, hp): hp = hd padded
+        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hp)
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.head_dim ** -0.5,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
+        y = y[..., :self.head_dim]                                                 # (B, H, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
         return self.wo(y)
 
@@ -397,9 +420,9 @@ class GPT(nn.Module):
         linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         linear += len(self.gates) * c.n_embd  # the gates' w . h
-        # with the explicit gate mask the kernels compute every (query, key) pair, not just the causal half
-        pairs = seq_len if c.gated else (seq_len + 1) / 2
-        attention = c.n_layer * 2 * c.n_head * hd * pairs  # q.k and p.v
+        # causal attention (the flash kernels skip the upper half); the gate coordinate pads the head size
+        hp = hd + 8 - hd % 8 if c.gated else hd
+        attention = c.n_layer * 2 * c.n_head * hp * (seq_len + 1) / 2  # q.k and p.v
         return 3 * 2 * (linear + attention)
 
     @torch.no_grad()

@@ -122,6 +122,109 @@ def attention_probs(attn, x, cos, sin, mask):
     return (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim) + mask).softmax(-1)
 
 
+def direct_mask(g, T, past):
+    """The direct form of eq. 3: a float mask (B, 1, T, past + T), -inf above the causal diagonal, else
+    ln(max(g_j, eps)) of the KEY j."""
+    causal = torch.ones(T, g.size(1), dtype=torch.bool).tril(diagonal=past)
+    return torch.where(causal, torch.log(g.clamp(min=sm.GATE_EPS))[:, None, None, :], float("-inf"))
+
+
+def direct_attention(attn, x, cos, sin, cache=None, g=None):
+    """CausalSelfAttention.forward written directly: expanded K, V and the explicit mask, no cache."""
+    assert cache is None
+    B, T, _ = x.shape
+    if g is None:
+        g = torch.ones(B, T, dtype=x.dtype)
+    v = attn.wv(x).view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+    v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+    probs = attention_probs(attn, x, cos, sin, direct_mask(g.to(x.dtype), T, 0))
+    return attn.wo((probs @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 4])
+def test_gate_carried_in_the_keys_equals_the_direct_masked_form_in_float64(n_kv_head):
+    """One attention layer, GQA and not: outputs and the gradients of x, g and every weight; then the KV cache."""
+    torch.manual_seed(0)
+    attn = build(n_kv_head=n_kv_head).double().blocks[1].attn
+    T = 24
+    cos, sin = sm.rope_tables(attn.head_dim, T, 10000.0, None)
+    x = torch.randn(2, T, TINY["n_embd"], dtype=torch.float64, requires_grad=True)
+    g = torch.rand(2, T, dtype=torch.float64)
+    g[:, [3, 11]] = 0.0  # skipped keys: the eps floor
+    g[1, 5] = 1.0
+    g.requires_grad_(True)
+    dy = torch.randn(2, T, TINY["n_embd"], dtype=torch.float64)
+
+    def output_and_grads(forward):
+        inputs = [x, g, *attn.parameters()]
+        y = forward(attn, x, cos, sin, g=g)
+        return y.detach(), torch.autograd.grad(y, inputs, dy)
+
+    y, grads = output_and_grads(sm.CausalSelfAttention.forward)
+    ref_y, ref_grads = output_and_grads(direct_attention)
+    torch.testing.assert_close(y, ref_y, rtol=1e-12, atol=1e-12)
+    assert grads[1].abs().sum() > 0  # the gate learns through the bias
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, rtol=1e-10, atol=1e-12)
+    # the cache: a prefill of 9, a chunk of 6 (a boolean causal mask then), then token by token
+    cache = sm.KVCache(attn_config(attn), 2, "cpu", torch.float64)
+    parts = []
+    with torch.no_grad():
+        for a, b in [(0, 9), (9, 15)] + [(t, t + 1) for t in range(15, T)]:
+            parts.append(attn(x[:, a:b], cos[a:b], sin[a:b], cache, g[:, a:b]))
+            cache.pos = b
+    torch.testing.assert_close(torch.cat(parts, dim=1), ref_y, rtol=1e-12, atol=1e-12)
+
+
+def test_in_bfloat16_the_gate_in_the_keys_loses_no_more_than_the_direct_mask():
+    """Both paths in bfloat16 against a float64 reference from the same bf16-rounded q, k, v: the bias of a
+    skipped key (ln 1e-6 = -13.8) rides in a bf16 key coordinate, rounded once like the direct bf16 mask."""
+    torch.manual_seed(0)
+    B, H, H_kv, T, hd = 2, 4, 2, 64, 20  # hd 20: padded to 24
+    q, k, v = (torch.randn(B, h, T, hd, dtype=torch.float64).to(torch.bfloat16) for h in (H, H_kv, H_kv))
+    g = torch.rand(B, T, dtype=torch.float64)
+    g[g < 0.3] = 0.0
+
+    def direct(dtype):
+        mask = direct_mask(g, T, 0).to(dtype)
+        return F.scaled_dot_product_attention(q.to(dtype), k.to(dtype).repeat_interleave(2, 1),
+                                              v.to(dtype).repeat_interleave(2, 1), attn_mask=mask).double()
+
+    qa, ka, va = sm.gate_into_keys(q, k, v, g.float())
+    assert qa.size(-1) == ka.size(-1) == va.size(-1) == 24 and ka.dtype == torch.bfloat16
+    new = F.scaled_dot_product_attention(qa, ka, va, is_causal=True, scale=hd ** -0.5, enable_gqa=True)
+    ref = direct(torch.float64)
+    err_new, err_direct = (new[..., :hd].double() - ref).abs(), (direct(torch.bfloat16) - ref).abs()
+    assert err_new.max() < 1e-2 and err_new.pow(2).mean().sqrt() < 1.2 * err_direct.pow(2).mean().sqrt()
+
+
+def attn_config(attn):
+    return sm.GPTConfig(**{**TINY, "n_layer": attn.layer_idx + 1, "n_kv_head": attn.n_kv_head})
+
+
+def test_the_model_with_the_gate_in_the_keys_equals_the_direct_form(monkeypatch):
+    """The whole model in float64, logits and every gradient; the model itself rounds RoPE and the gates to
+    float32 (vanilla's apply_rope, the gate's .float()), so the paths agree to float32 precision here."""
+    model = build(gate_init_std=0.3).double()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 40))
+    _, _, _, gates = run_capturing(model, idx)
+    assert any((g == 0).any() and (g > 0).any() and (g < 1).any() for g in gates)  # a real mix of gates
+
+    def logits_and_grads():
+        model.zero_grad()
+        logits, loss = model(idx, idx)
+        loss.backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logits, grads = logits_and_grads()
+    with monkeypatch.context() as m:
+        m.setattr(sm.CausalSelfAttention, "forward", direct_attention)
+        ref_logits, ref_grads = logits_and_grads()
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def per_query_mask(g, T):
     """The reference code's form: ln g of the QUERY row added to every logit of that row."""
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -137,7 +240,7 @@ def test_a_key_whose_gate_is_zero_gets_no_attention_and_the_per_query_form_would
     g = torch.rand(2, T) * 0.5 + 0.5
     g[:, j] = 0.0
     with torch.no_grad():
-        probs = attention_probs(attn, x, cos, sin, sm.gated_attention_mask(g, T, 0))
+        probs = attention_probs(attn, x, cos, sin, direct_mask(g, T, 0))
         # the module really attends with these probabilities
         v = attn.wv(x).view(2, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
         v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
@@ -344,11 +447,11 @@ def test_ddp_two_processes_keep_identical_coefficients(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gated_attention_runs_in_cudas_memory_efficient_kernel():
+def test_gated_attention_runs_in_cudas_flash_kernel():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     model = build(gate_init_std=0.3).cuda()
     idx = torch.randint(0, TINY["vocab_size"], (2, 64), device="cuda")
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(idx, idx)[1]  # raises if the kernel cannot take the gated mask
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)[1]  # raises if the flash kernel cannot take the gated attention
     loss.backward()
     assert all(g.weight.grad.abs().sum() > 0 for g in model.gates)
