@@ -157,6 +157,58 @@ class KVCache:
         return self.g[layer, :, :self.pos + g.size(1)]
 
 
+class SkipCache:
+    """Generation with skipping: per layer and row, the keys, values and gates of only the tokens that ran that
+    layer (g > 0), packed in order, with their positions; a skipped token takes no slot, so no later query can
+    attend to it. GPT.forward_skip() calls select() before each block with the tokens that run it."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        n = config.block_size + 1  # slot block_size is scratch: the padding of rows with fewer tokens goes there
+        self.k = torch.zeros(config.n_layer, batch_size, config.n_kv_head, n, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.g = torch.ones(config.n_layer, batch_size, n, device=device,
+                            dtype=torch.promote_types(dtype, torch.float32))
+        self.key_pos = torch.zeros(config.n_layer, batch_size, n, dtype=torch.long, device=device)
+        self.n = torch.zeros(config.n_layer, batch_size, dtype=torch.long, device=device)  # slots in use
+        self.pos = 0  # number of tokens already seen (run or skipped)
+
+    def select(self, layer, query_pos, valid):
+        """The tokens about to run `layer`: positions query_pos (B, N), valid (B, N) False for row padding."""
+        n = self.n[layer]
+        self.layer, self.query_pos, self.past_n = layer, query_pos, n.clone()
+        slots = n[:, None] + torch.arange(query_pos.size(1), device=n.device)  # (B, N)
+        self.slots = torch.where(valid, slots, self.k.size(3) - 1)
+        self.n[layer] = n + valid.sum(1)
+        self.key_pos[layer].scatter_(1, self.slots, query_pos)
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, N, hd) of the selected tokens; return the keys/values of the layer's slots."""
+        index = self.slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        Tk = int(self.n[layer].max())
+        return self.k[layer, :, :, :Tk], self.v[layer, :, :, :Tk]
+
+    def update_gates(self, layer, g):
+        """Store the gates g (B, N) of the selected tokens; return those of the layer's slots (B, Tk)."""
+        self.g[layer].scatter_(1, self.slots, g.to(self.g.dtype))
+        return self.g[layer, :, :int(self.n[layer].max())]
+
+    def attention_mask(self, T, Tk):
+        """(is_causal, mask) for the selected tokens against the layer's Tk slots: a slot is visible if it is
+        in use in that row and its token does not come after the query."""
+        n, past_n = self.n[self.layer], self.past_n
+        if bool((n == Tk).all()):  # no row padding among the keys
+            if T == 1:
+                return False, None  # a single new token sees every stored key
+            if bool((past_n == 0).all()):
+                return True, None  # the keys are exactly the queries, in order: plain causal attention
+        used = torch.arange(Tk, device=n.device) < n[:, None]                              # (B, Tk)
+        earlier = self.key_pos[self.layer, :, None, :Tk] <= self.query_pos[:, :, None]    # (B, T, Tk)
+        return False, (used[:, None, :] & earlier)[:, None]                              # (B, 1, T, Tk)
+
+
 def attention_mask(T, Tk, past, device):
     """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
     if past == 0:
@@ -214,7 +266,10 @@ class CausalSelfAttention(nn.Module):
                 g = cache.update_gates(self.layer_idx, g)  # (B, past + T): cached keys keep their gates
         if g is not None:
             q, k, v = gate_into_keys(q, k, v, g)  # (B, H, T, hp), (B, H_kv, past + T, hp): hp = hd padded
-        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        if isinstance(cache, SkipCache):
+            is_causal, mask = cache.attention_mask(T, k.size(2))  # only the keys of tokens that ran this layer
+        else:
+            is_causal, mask = attention_mask(T, k.size(2), past, x.device)
         y = F.scaled_dot_product_attention(                                        # (B, H, T, hp)
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.head_dim ** -0.5,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
@@ -324,6 +379,53 @@ class GPT(nn.Module):
             return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
         return logits, loss
 
+    @torch.no_grad()
+    def forward_skip(self, idx, targets=None, cache=None):
+        """Inference that really skips: at every block only the tokens whose gate is > 0 run it (gathered per row,
+        padded to the row with the most, scattered back); a token with g == 0 keeps its stream, as the multiply
+        by 0 of forward() gives, and leaves no key or value (see SkipCache). A block no token runs is not
+        computed at all. Returns (logits, loss) like forward(); a fresh cache is used if none is given."""
+        B, T = idx.shape
+        cache = cache if cache is not None else SkipCache(self.config, B, idx.device, self.lm_head.weight.dtype)
+        past = cache.pos
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        positions = torch.arange(past, past + T, device=idx.device)
+        x = self.emb_norm(self.tok_emb(idx))  # (B, T, d)
+        gates, S, closed_until = [], 0.0, -1
+        for l, block in enumerate(self.blocks):
+            if l <= closed_until:
+                continue  # a block before it closed for every token: gates only close further, up to its mirror
+            if l < len(self.gates):  # the gates of every token, as in forward(): the skipped ones' too
+                S = S + F.relu(self.gates[l](x).float().squeeze(-1))  # (B, T)
+                gates.append(1.0 - S.clamp(0.0, 1.0))
+            g = gates[self.mirror[l]]
+            run = g > 0                                                          # (B, T)
+            count = run.sum(1)                                                   # (B,)
+            N = int(count.max())
+            if N == 0:  # no row runs this block
+                closed_until = self.config.n_layer - 1 - l
+                continue
+            if bool(run.all()):  # every token runs the block: nothing to gather
+                cache.select(l, positions.expand(B, T), run)
+                x = block(x, self.rope_cos[past:past + T], self.rope_sin[past:past + T], cache, g)
+                continue
+            # per row, the tokens that run the block first, in order; rows with fewer are padded with skipped ones
+            order = torch.argsort((~run).to(torch.uint8), dim=1, stable=True)[:, :N]  # (B, N)
+            valid = torch.arange(N, device=idx.device) < count[:, None]             # (B, N)
+            pos = positions[order]                                                   # (B, N)
+            cache.select(l, pos, valid)
+            index = order[..., None].expand(-1, -1, x.size(-1))                      # (B, N, d)
+            xs = x.gather(1, index)                                                  # (B, N, d)
+            cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]      # (B, 1, N, hd/2)
+            out = block(xs, cos, sin, cache, g.gather(1, order))                     # (B, N, d)
+            x = x.scatter(1, index, torch.where(valid[..., None], out, xs))          # padding writes back xs
+        cache.pos += T
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
     def gate_loss(self, G):
         """The regulariser (eq. 5): mean over the L blocks of alpha_l * mean(g_l) + beta_l * var(g_l)."""
         mean, var = G.mean((1, 2))[self.mirror], G.var((1, 2), correction=0)[self.mirror]  # (L,)
@@ -426,19 +528,22 @@ class GPT(nn.Module):
         return 3 * 2 * (linear + attention)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
-        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, skip=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding. skip: tokens whose gate
+        is 0 skip their blocks for real (forward_skip, SkipCache); False computes every block as forward() does."""
+        skip = skip and self.config.gated
+        forward, Cache = (self.forward_skip, SkipCache) if skip else (self, KVCache)
         cache, n_seen = None, 0
         for _ in range(max_new_tokens):
             if not use_cache:
-                logits, _ = self(idx[:, -self.config.block_size:])
+                logits, _ = forward(idx[:, -self.config.block_size:])
             else:
                 if cache is None or cache.pos >= self.config.block_size:
                     # (re)fill the cache; past the context length, restart it from the last half context
                     keep = self.config.block_size if cache is None else self.config.block_size // 2
-                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    cache = Cache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
                     n_seen = max(0, idx.size(1) - keep)
-                logits, _ = self(idx[:, n_seen:], cache=cache)
+                logits, _ = forward(idx[:, n_seen:], cache=cache)
                 n_seen = idx.size(1)
             idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
         return idx

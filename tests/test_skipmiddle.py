@@ -455,3 +455,86 @@ def test_gated_attention_runs_in_cudas_flash_kernel():
         loss = model(idx, idx)[1]  # raises if the flash kernel cannot take the gated attention
     loss.backward()
     assert all(g.weight.grad.abs().sum() > 0 for g in model.gates)
+
+
+# ---- skipping for real: forward_skip, SkipCache, generate(skip=True) -------------------------------------
+
+def count_block_calls(model):
+    calls = [0] * len(model.blocks)
+    for l, block in enumerate(model.blocks):
+        block.register_forward_pre_hook(lambda m, args, l=l: calls.__setitem__(l, calls[l] + 1))
+    return calls
+
+
+def eps_tolerance(model, T):
+    """How far the dense forward (a skipped key keeps the weight eps * e^s of the eps floor) can be from
+    skipping (weight exactly 0): per layer at most T skipped keys, each with a weight below eps * e^(s - s')
+    against any key that runs, |s - s'| < 2 for these small random weights; the post-norms keep the scale."""
+    return model.config.n_layer * T * sm.GATE_EPS * math.exp(2)
+
+
+def test_closed_middle_gates_skip_the_middle_blocks_and_generation_is_unchanged():
+    model = build(gate_init_std=0.0).eval()
+    with torch.no_grad():
+        model.gates[1].bias.fill_(2.0)  # S >= 1 at gate 1 for every token: blocks 1 and 2 are closed
+    idx = torch.randint(0, TINY["vocab_size"], (2, 9))
+    calls = count_block_calls(model)
+    skip = model.generate(idx, 20, temperature=0)  # skip=True is the default
+    assert calls == [20, 0, 0, 20]  # one prefill + 19 decoding steps; the closed blocks never run
+    dense = model.generate(idx, 20, temperature=0, skip=False)
+    assert torch.equal(skip, dense) and calls[1] == 20
+    torch.testing.assert_close(model.forward_skip(dense)[0], model(dense)[0], rtol=0, atol=eps_tolerance(model, 29))
+
+
+def test_a_mix_of_open_and_closed_tokens_per_row(monkeypatch):
+    model = build(gate_init_std=0.0).eval()
+    skip_tokens(model, [7])
+    with torch.no_grad():  # token 7: gate 0.3 at blocks 0 and 3, 0 at blocks 1 and 2; the others 1, then 0.5
+        model.gates[0].weight[0, 0] *= 0.7 / (100 * model.emb_norm(model.tok_emb.weight[7])[0])
+        model.gates[1].bias.fill_(0.5)
+    idx = torch.randint(10, TINY["vocab_size"], (3, 30))
+    idx[0, [2, 5, 6, 20]] = 7
+    idx[1, 3] = 7  # row 2 has none: it runs every block while the others skip some tokens
+    logits, _, _, gates = run_capturing(model, idx)
+    assert (gates[0][idx >= 10] == 1).all() and (gates[0][idx == 7] - 0.3).abs().max() < 1e-5
+    assert (gates[1][idx == 7] == 0).all() and (gates[1][idx >= 10] == 0.5).all()
+    torch.testing.assert_close(model.forward_skip(idx)[0], logits, rtol=0, atol=eps_tolerance(model, 30))
+    # the cache: per layer only the tokens that ran it, with their positions and gates, in order
+    cache = sm.SkipCache(model.config, 3, "cpu", torch.float32)
+    steps = [model.forward_skip(idx[:, :12], cache=cache)[0]]
+    steps += [model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 30)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), logits, rtol=0, atol=eps_tolerance(model, 30))
+    for l in range(4):
+        g = gates[model.mirror[l]]
+        for b in range(3):
+            ran = (g[b] > 0).nonzero()[:, 0]
+            assert cache.n[l, b] == len(ran) and torch.equal(cache.key_pos[l, b, :len(ran)], ran)
+            assert torch.equal(cache.g[l, b, :len(ran)], g[b, ran])
+    assert cache.n[1].tolist() == [26, 29, 30] and cache.n[0].tolist() == [30] * 3
+    # the eps floor is what separates the two: with a floor of 1e-2 the difference exceeds the tolerance
+    tolerance = eps_tolerance(model, 30)
+    monkeypatch.setattr(sm, "GATE_EPS", 1e-2)
+    assert (model.forward_skip(idx)[0] - model(idx)[0]).abs().max() > tolerance
+
+
+def test_skipped_tokens_entries_are_never_read():
+    model = build(gate_init_std=0.0).eval()
+    skip_tokens(model, [7])
+    idx = torch.randint(10, TINY["vocab_size"], (1, 20))
+    idx[0, [4, 11]] = 7
+    cache = sm.SkipCache(model.config, 1, "cpu", torch.float32)
+    first = model.forward_skip(idx[:, :15], cache=cache)[0]
+    assert cache.n[:, 0].tolist() == [13] * 4  # tokens 4 and 11 took no slot in any layer
+    cache.k[:, :, :, 13:], cache.v[:, :, :, 13:], cache.g[:, :, 13:] = float("nan"), float("nan"), float("nan")
+    rest = torch.cat([model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(15, 20)], dim=1)
+    full = model.forward_skip(idx)[0]
+    assert torch.isfinite(rest).all()
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, rtol=1e-5, atol=1e-6)
+
+
+def test_generate_with_skip_false_is_the_dense_forward():
+    model = build(gate_init_std=0.3).eval()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 8))
+    out = model.generate(idx, 6, temperature=0, skip=False, use_cache=False)
+    for t in range(8, 14):  # each token the argmax of forward() on the text so far, bit for bit
+        assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
