@@ -67,8 +67,27 @@ Interpretations:
   it raises if no forward has been recorded yet, so run some forwards (e.g. validation) first.
 - KVCache keeps each cached key's gate per layer (in float32 at least), so that a skipped token stays masked
   during generation; the gate coordinate is appended to the cached keys at every step.
-- The compute is not really skipped: a skipped token's block output is multiplied by 0 (the paper measures FLOPs
-  "assuming" the saving too). Options left out: FlexAttention (see above), and an inference path that drops g == 0 tokens.
+- Training computes every block for every token: a skipped token's block output is multiplied by 0 (the paper
+  measures FLOPs "assuming" the saving too). Inference skips for real: forward_skip() (generate(skip=True), the
+  default; eval.py's loss with skipping) runs block l only on the tokens whose gate is > 0, gathered per row
+  and scattered back (the stream of a skipped token passes unchanged, as the multiply by 0 gives), does not
+  compute a block no token runs, nor, since gates only close further, any block up to its mirror. SkipCache
+  stores per layer only the keys and values of the tokens that ran it, so a skipped token gets attention
+  weight exactly 0 from every later query, where forward() gives it the eps floor's weight exp(s_ij) * 1e-6
+  (relative to the keys that run). That is the only difference: the logits differ by O(T * eps) per layer
+  (tests: within L * T * eps * e^2), and greedy generation agrees on the tests' models and the Shakespeare
+  checkpoint. generate(skip=False) is the dense computation of forward(), with KVCache.
+- Sparsity and gate_gamma: the controller (eq. 6) is an integrator. A coefficient moves by at most
+  gamma * |stat - target| per step, and what makes zeros is beta going negative (rewarding variance) until the
+  variance approaches its target mu(1 - mu), 0.25 at the middle block, which only gates at 0 and 1 reach. On
+  the Shakespeare preset sparsity appears once |beta| is about 0.15-0.2 (log of config/skipmiddle_shakespeare.py:
+  beta -0.17 and 48% zero gates at the middle block after 200 steps with gamma 1e-2); with a variance deviation
+  of about 0.2 that takes about 0.2 / (0.2 * gamma) steps: 100 with gamma 1e-2, 1000 (the whole budget, and
+  the deviation shrinks on the way) with the paper's 1e-3, which the paper's 19k-step runs can afford (< 5% of
+  training). The loss scale sets that level (the coefficient must matter against the cross entropy's gradient
+  on the gates, about 1.6 nats per byte here), not the init: gate_init_std = 0.02 already starts the middle
+  gate near its target mean (0.55 at step 0). So short runs need gamma * steps of about 10, as the paper's
+  1e-3 * 19k gives 19; the preset uses 1e-2 for its 1000 steps. The model default stays the paper's 1e-3.
 
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
 and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
