@@ -84,9 +84,12 @@ Interpretations:
   beta -0.17 and 48% zero gates at the middle block after 200 steps with gamma 1e-2); with a variance deviation
   of about 0.2 that takes about 0.2 / (0.2 * gamma) steps: 100 with gamma 1e-2, 1000 (the whole budget, and
   the deviation shrinks on the way) with the paper's 1e-3, which the paper's 19k-step runs can afford (< 5% of
-  training). The loss scale sets that level (the coefficient must matter against the cross entropy's gradient
-  on the gates, about 1.6 nats per byte here), not the init: gate_init_std = 0.02 already starts the middle
-  gate near its target mean (0.55 at step 0). So short runs need gamma * steps of about 10, as the paper's
+  training). The loss scales match (both are the mean CE per token plus the mean over L of the terms), so the
+  controller's scale is not the difference. The init is the other one: w . h has std gate_init_std * sqrt(d) *
+  rms(h), 0.23 at d = 128 against 0.55 at the paper's d = 768, and S sums 3 gates here against 6 there. At
+  init (random tokens) the paper's 12-layer d = 768 shape has its middle gates 90% zero already, so the
+  controller only has to hold zeros; the preset's middle gate starts at 2% zeros (mean 0.55) and the controller
+  must create them. So short runs at small width need gamma * steps of about 10, as the paper's
   1e-3 * 19k gives 19; the preset uses 1e-2 for its 1000 steps. The model default stays the paper's 1e-3.
 
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
