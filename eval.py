@@ -108,8 +108,9 @@ def import_pyplot():
 # loss, perplexity and the logit lens
 
 @torch.no_grad()
-def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=False, progress=True):
-    """Mean next-token loss over data, read in consecutive windows; with logit_lens also per layer."""
+def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=False, progress=True, skip=False):
+    """Mean next-token loss over data, read in consecutive windows; with logit_lens also per layer; skip: through
+    the model's forward_skip() (skipmiddle: tokens whose gate is 0 skip their blocks for real)."""
     n_windows = math.ceil((len(data) - 1) / block_size)
     n_layers = model.config.n_layer
     nll = torch.zeros(n_layers + 1, dtype=torch.float64)  # per layer (logit lens) and the model's own output
@@ -125,7 +126,10 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
         x = torch.nn.utils.rnn.pad_sequence(xs, batch_first=True).to(device)
         y = torch.nn.utils.rnn.pad_sequence(ys, batch_first=True, padding_value=-1).to(device)
         with ctx:
-            logits, _, hidden = model(x, return_hidden=True)
+            if skip:
+                (logits, _), hidden = model.forward_skip(x), []
+            else:
+                logits, _, hidden = model(x, return_hidden=True)
             outputs = [model.lm_head(model.norm(h)) for h in hidden] if logit_lens else []
         mask = y >= 0
         for i, out in enumerate(outputs + [logits]):
@@ -451,6 +455,10 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
         loss, prob, count = evaluate_split(model, data, block_size, args.batch_size, device, ctx,
                                            logit_lens=args.logit_lens, progress=not args.json)
         result.update(tokens=count, loss=loss[-1].item(), perplexity=math.exp(loss[-1].item()))
+        if args.loss and getattr(model.config, "gated", False) and hasattr(model, "forward_skip"):
+            loss_skip = evaluate_split(model, data, block_size, args.batch_size, device, ctx, progress=not args.json,
+                                       skip=True)[0]
+            result["loss_skip"] = loss_skip[-1].item()  # the same loss with the skipped blocks really skipped
         if args.logit_lens:
             result["logit_lens"] = [{"layer": l + 1, "loss": loss[l].item(), "p_correct": prob[l].item()}
                                     for l in range(len(loss) - 1)]
@@ -471,6 +479,8 @@ def report(result, model, args):
     if "loss" in result:
         line += (f" on {result['dataset']}/{result['split']}: {result['tokens']:,} tokens | "
                  f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}")
+    if "loss_skip" in result:
+        line += f" | loss with skipping {result['loss_skip']:.4f}"
     print(line)
     for row in result.get("logit_lens", []):
         print(f"  layer {row['layer']:>2}: loss {row['loss']:.4f} | p(correct) {row['p_correct']:.4f}")

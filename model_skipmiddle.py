@@ -19,10 +19,24 @@ With zero gate parameters every gate is exactly 1 and the model is the dense san
 Interpretations:
 - Gated attention adds ln g to the logit of the KEY position, so that later queries stop attending to a skipped
   token. The reference code adds it per QUERY row (score_mod[b, q_idx]), where softmax cancels it: a no-op.
-  SDPA gets an explicit float mask (B, 1, T, Tk) = causal (-inf above the diagonal) + the per-key gate bias, so the
-  flash kernel does not apply and the kernels compute every (query, key) pair; flops_per_token counts that.
-  K and V are expanded to one head per query head there, because CUDA's memory-efficient kernel (the one that
-  takes a float mask) has no GQA and SDPA would otherwise fall back to the math kernel.
+  The bias depends on the key only, so it rides inside the keys (gate_into_keys): every query gets one more
+  coordinate c = 1 and every key ln(max(g_j, eps)) / (c * scale), with scale = 1/sqrt(hd) passed to SDPA
+  explicitly; q, k and v are zero-padded to a multiple of 8. Then q . k * scale is the logit plus the bias, and
+  SDPA runs plain causal attention with GQA (is_causal=True, enable_gqa): no (B, 1, T, T) mask and no copy of
+  K and V per query head, so the flash kernels apply on CPU and CUDA (CUDA's flash needs the head size a
+  multiple of 8 and no explicit mask; flash on both needs v's head size equal to q's and k's, hence v's pad,
+  which only CUDA's memory-efficient kernel would not need). Cost: hd -> hd + 8 - hd % 8 in the attention
+  matmuls (32 -> 40 at the small shape; 64 -> 72 and 128 -> 136, which CUDA's flash kernel rounds up to its
+  next compiled size). FlexAttention with a score_mod would add the bias without the extra columns, but in
+  torch 2.13 it has no backward on CPU and needs torch.compile to be fast; measured on CPU (one attention
+  layer, 4 x 1024 tokens, 4 heads of 32, forward + backward, 1 thread): plain causal 0.49 s, this path 0.61 s,
+  the explicit mask with expanded K, V 1.06 s. The appended coordinate is exact in float64 and costs no more
+  than the direct mask in bf16 (next item), so it is the one path everywhere.
+  bf16: c is a power of two (exact in every format), so c * k_extra * scale reproduces the bias up to one bf16
+  rounding of k_extra, a relative error of at most 2^-9 of the bias (0.027 for ln 1e-6 = -13.8, i.e. a relative
+  error of 2.7% on a weight of 1e-6; 0.0014 on ln 0.5), which is exactly what rounding the direct float mask
+  to bf16 costs; any c that is a power of two gives the same, a c that is not adds its own rounding.
+  tests/test_skipmiddle.py checks it: both paths in bf16 against a float64 reference, same error.
   The bias is differentiable: the gate also learns through attention (eq. 3 as written).
 - The gate reads the raw residual stream entering its block (as the reference does), not a normalised copy.
 - Odd L: the middle block l = (L-1)/2 satisfies l < L/2, so it has a gate of its own (accumulated like the
@@ -51,9 +65,32 @@ Interpretations:
   train.py: this process's share of the validation windows), else from the last optimiser step (all ranks).
 - depth_map(): (L, 1), the mean gate of every block from the same statistics as stats() (not consumed by it);
   it raises if no forward has been recorded yet, so run some forwards (e.g. validation) first.
-- KVCache keeps each cached key's gate per layer, so that a skipped token stays masked during generation.
-- The compute is not really skipped: a skipped token's block output is multiplied by 0 (the paper measures FLOPs
-  "assuming" the saving too). Options left out: FlexAttention, and an inference path that drops g == 0 tokens.
+- KVCache keeps each cached key's gate per layer (in float32 at least), so that a skipped token stays masked
+  during generation; the gate coordinate is appended to the cached keys at every step.
+- Training computes every block for every token: a skipped token's block output is multiplied by 0 (the paper
+  measures FLOPs "assuming" the saving too). Inference skips for real: forward_skip() (generate(skip=True), the
+  default; eval.py's loss with skipping) runs block l only on the tokens whose gate is > 0, gathered per row
+  and scattered back (the stream of a skipped token passes unchanged, as the multiply by 0 gives), does not
+  compute a block no token runs, nor, since gates only close further, any block up to its mirror. SkipCache
+  stores per layer only the keys and values of the tokens that ran it, so a skipped token gets attention
+  weight exactly 0 from every later query, where forward() gives it the eps floor's weight exp(s_ij) * 1e-6
+  (relative to the keys that run). That is the only difference: the logits differ by O(T * eps) per layer
+  (tests: within L * T * eps * e^2), and greedy generation agrees on the tests' models and the Shakespeare
+  checkpoint. generate(skip=False) is the dense computation of forward(), with KVCache.
+- Sparsity and gate_gamma: the controller (eq. 6) is an integrator. A coefficient moves by at most
+  gamma * |stat - target| per step, and what makes zeros is beta going negative (rewarding variance) until the
+  variance approaches its target mu(1 - mu), 0.25 at the middle block, which only gates at 0 and 1 reach. On
+  the Shakespeare preset sparsity appears once |beta| is about 0.15-0.2 (log of config/skipmiddle_shakespeare.py:
+  beta -0.17 and 48% zero gates at the middle block after 200 steps with gamma 1e-2); with a variance deviation
+  of about 0.2 that takes about 0.2 / (0.2 * gamma) steps: 100 with gamma 1e-2, 1000 (the whole budget, and
+  the deviation shrinks on the way) with the paper's 1e-3, which the paper's 19k-step runs can afford (< 5% of
+  training). The loss scales match (both are the mean CE per token plus the mean over L of the terms), so the
+  controller's scale is not the difference. The init is the other one: w . h has std gate_init_std * sqrt(d) *
+  rms(h), 0.23 at d = 128 against 0.55 at the paper's d = 768, and S sums 3 gates here against 6 there. At
+  init (random tokens) the paper's 12-layer d = 768 shape has its middle gates 90% zero already, so the
+  controller only has to hold zeros; the preset's middle gate starts at 2% zeros (mean 0.55) and the controller
+  must create them. So short runs at small width need gamma * steps of about 10, as the paper's
+  1e-3 * 19k gives 19; the preset uses 1e-2 for its 1000 steps. The model default stays the paper's 1e-3.
 
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
 and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
@@ -125,7 +162,8 @@ class KVCache:
         shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.g = torch.ones(config.n_layer, batch_size, config.block_size, device=device)  # each key's gate
+        gate_dtype = torch.promote_types(dtype, torch.float32)  # gates never below float32
+        self.g = torch.ones(config.n_layer, batch_size, config.block_size, device=device, dtype=gate_dtype)
         self.pos = 0  # number of tokens already in the cache
 
     def update(self, layer, k, v):
@@ -141,6 +179,58 @@ class KVCache:
         return self.g[layer, :, :self.pos + g.size(1)]
 
 
+class SkipCache:
+    """Generation with skipping: per layer and row, the keys, values and gates of only the tokens that ran that
+    layer (g > 0), packed in order, with their positions; a skipped token takes no slot, so no later query can
+    attend to it. GPT.forward_skip() calls select() before each block with the tokens that run it."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.n_embd // config.n_head
+        n = config.block_size + 1  # slot block_size is scratch: the padding of rows with fewer tokens goes there
+        self.k = torch.zeros(config.n_layer, batch_size, config.n_kv_head, n, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.g = torch.ones(config.n_layer, batch_size, n, device=device,
+                            dtype=torch.promote_types(dtype, torch.float32))
+        self.key_pos = torch.zeros(config.n_layer, batch_size, n, dtype=torch.long, device=device)
+        self.n = torch.zeros(config.n_layer, batch_size, dtype=torch.long, device=device)  # slots in use
+        self.pos = 0  # number of tokens already seen (run or skipped)
+
+    def select(self, layer, query_pos, valid):
+        """The tokens about to run `layer`: positions query_pos (B, N), valid (B, N) False for row padding."""
+        n = self.n[layer]
+        self.layer, self.query_pos, self.past_n = layer, query_pos, n.clone()
+        slots = n[:, None] + torch.arange(query_pos.size(1), device=n.device)  # (B, N)
+        self.slots = torch.where(valid, slots, self.k.size(3) - 1)
+        self.n[layer] = n + valid.sum(1)
+        self.key_pos[layer].scatter_(1, self.slots, query_pos)
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, N, hd) of the selected tokens; return the keys/values of the layer's slots."""
+        index = self.slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        Tk = int(self.n[layer].max())
+        return self.k[layer, :, :, :Tk], self.v[layer, :, :, :Tk]
+
+    def update_gates(self, layer, g):
+        """Store the gates g (B, N) of the selected tokens; return those of the layer's slots (B, Tk)."""
+        self.g[layer].scatter_(1, self.slots, g.to(self.g.dtype))
+        return self.g[layer, :, :int(self.n[layer].max())]
+
+    def attention_mask(self, T, Tk):
+        """(is_causal, mask) for the selected tokens against the layer's Tk slots: a slot is visible if it is
+        in use in that row and its token does not come after the query."""
+        n, past_n = self.n[self.layer], self.past_n
+        if bool((n == Tk).all()):  # no row padding among the keys
+            if T == 1:
+                return False, None  # a single new token sees every stored key
+            if bool((past_n == 0).all()):
+                return True, None  # the keys are exactly the queries, in order: plain causal attention
+        used = torch.arange(Tk, device=n.device) < n[:, None]                              # (B, Tk)
+        earlier = self.key_pos[self.layer, :, None, :Tk] <= self.query_pos[:, :, None]    # (B, T, Tk)
+        return False, (used[:, None, :] & earlier)[:, None]                              # (B, 1, T, Tk)
+
+
 def attention_mask(T, Tk, past, device):
     """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
     if past == 0:
@@ -151,12 +241,23 @@ def attention_mask(T, Tk, past, device):
     return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
 
 
-def gated_attention_mask(g, T, past):
-    """Float mask (B, 1, T, Tk) for T new queries against the Tk = past + T keys whose gates are g (B, Tk):
-    -inf where key j lies after query i (causal), else ln(max(g_j, eps)), the same for every query (eq. 3)."""
-    causal = torch.ones(T, g.size(1), dtype=torch.bool, device=g.device).tril(diagonal=past)  # (T, Tk)
-    bias = torch.log(g.float().clamp(min=GATE_EPS))[:, None, None, :]                          # (B, 1, 1, Tk)
-    return torch.where(causal, bias, float("-inf"))                                          # (B, 1, T, Tk)
+GATE_C = 1.0  # the query's appended coordinate: a power of two, exact in every float format
+
+
+def gate_into_keys(q, k, v, g):
+    """Carry the per-key gate bias ln(max(g_j, eps)) of eq. 3 inside the keys, so that plain causal SDPA adds it:
+    q gets one more coordinate c, k gets ln(max(g_j, eps)) / (c * scale), scale = 1/sqrt(hd) of the UNPADDED
+    head size (pass it to SDPA); then q . k * scale = (q_hd . k_hd) * scale + ln(max(g_j, eps)). q, k and v are
+    zero-padded to the next multiple of 8 (flash kernels need it; v because flash needs equal head sizes).
+    q (B, H, T, hd), k and v (B, H_kv, Tk, hd), g (B, Tk) -> q (B, H, T, hp), k and v (B, H_kv, Tk, hp)."""
+    hd = q.size(-1)
+    pad = 8 - hd % 8  # >= 1: room for the gate coordinate
+    g = g.to(torch.promote_types(g.dtype, torch.float32))  # the log in float32 at least (float64 in tests)
+    bias = torch.log(g.clamp(min=GATE_EPS)) * (hd ** 0.5 / GATE_C)                 # (B, Tk)
+    bias = bias[:, None, :, None].expand(-1, k.size(1), -1, 1).to(k.dtype)         # (B, H_kv, Tk, 1)
+    q = torch.cat((q, torch.full_like(q[..., :1], GATE_C), q.new_zeros(*q.shape[:-1], pad - 1)), dim=-1)
+    k = torch.cat((k, bias, k.new_zeros(*k.shape[:-1], pad - 1)), dim=-1)
+    return q, k, F.pad(v, (0, pad))
 
 
 class CausalSelfAttention(nn.Module):
@@ -185,17 +286,16 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
             if g is not None:
                 g = cache.update_gates(self.layer_idx, g)  # (B, past + T): cached keys keep their gates
-        if g is None:
-            is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        if g is not None:
+            q, k, v = gate_into_keys(q, k, v, g)  # (B, H, T, hp), (B, H_kv, past + T, hp): hp = hd padded
+        if isinstance(cache, SkipCache):
+            is_causal, mask = cache.attention_mask(T, k.size(2))  # only the keys of tokens that ran this layer
         else:
-            is_causal, mask = False, gated_attention_mask(g, T, past).to(q.dtype)  # (B, 1, T, past + T)
-            # a float mask rules out the flash kernel and CUDA's memory-efficient kernel has no GQA: without
-            # this expansion SDPA would fall back to the math kernel, which materialises (B, H, T, Tk)
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, H, past + T, hd)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, H, past + T, hd)
-        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
+            is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        y = F.scaled_dot_product_attention(                                        # (B, H, T, hp)
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.head_dim ** -0.5,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
+        y = y[..., :self.head_dim]                                                 # (B, H, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
         return self.wo(y)
 
@@ -299,6 +399,53 @@ class GPT(nn.Module):
                 loss = loss + self.gate_loss(G)
         if return_hidden:
             return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+        return logits, loss
+
+    @torch.no_grad()
+    def forward_skip(self, idx, targets=None, cache=None):
+        """Inference that really skips: at every block only the tokens whose gate is > 0 run it (gathered per row,
+        padded to the row with the most, scattered back); a token with g == 0 keeps its stream, as the multiply
+        by 0 of forward() gives, and leaves no key or value (see SkipCache). A block no token runs is not
+        computed at all. Returns (logits, loss) like forward(); a fresh cache is used if none is given."""
+        B, T = idx.shape
+        cache = cache if cache is not None else SkipCache(self.config, B, idx.device, self.lm_head.weight.dtype)
+        past = cache.pos
+        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+        positions = torch.arange(past, past + T, device=idx.device)
+        x = self.emb_norm(self.tok_emb(idx))  # (B, T, d)
+        gates, S, closed_until = [], 0.0, -1
+        for l, block in enumerate(self.blocks):
+            if l <= closed_until:
+                continue  # a block before it closed for every token: gates only close further, up to its mirror
+            if l < len(self.gates):  # the gates of every token, as in forward(): the skipped ones' too
+                S = S + F.relu(self.gates[l](x).float().squeeze(-1))  # (B, T)
+                gates.append(1.0 - S.clamp(0.0, 1.0))
+            g = gates[self.mirror[l]]
+            run = g > 0                                                          # (B, T)
+            count = run.sum(1)                                                   # (B,)
+            N = int(count.max())
+            if N == 0:  # no row runs this block
+                closed_until = self.config.n_layer - 1 - l
+                continue
+            if bool(run.all()):  # every token runs the block: nothing to gather
+                cache.select(l, positions.expand(B, T), run)
+                x = block(x, self.rope_cos[past:past + T], self.rope_sin[past:past + T], cache, g)
+                continue
+            # per row, the tokens that run the block first, in order; rows with fewer are padded with skipped ones
+            order = torch.argsort((~run).to(torch.uint8), dim=1, stable=True)[:, :N]  # (B, N)
+            valid = torch.arange(N, device=idx.device) < count[:, None]             # (B, N)
+            pos = positions[order]                                                   # (B, N)
+            cache.select(l, pos, valid)
+            index = order[..., None].expand(-1, -1, x.size(-1))                      # (B, N, d)
+            xs = x.gather(1, index)                                                  # (B, N, d)
+            cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]      # (B, 1, N, hd/2)
+            out = block(xs, cos, sin, cache, g.gather(1, order))                     # (B, N, d)
+            x = x.scatter(1, index, torch.where(valid[..., None], out, xs))          # padding writes back xs
+        cache.pos += T
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
     def gate_loss(self, G):
@@ -410,25 +557,28 @@ class GPT(nn.Module):
         linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         linear += len(self.gates) * c.n_embd  # the gates' w . h
-        # with the explicit gate mask the kernels compute every (query, key) pair, not just the causal half
-        pairs = seq_len if c.gated else (seq_len + 1) / 2
-        attention = c.n_layer * 2 * c.n_head * hd * pairs  # q.k and p.v
+        # causal attention (the flash kernels skip the upper half); the gate coordinate pads the head size
+        hp = hd + 8 - hd % 8 if c.gated else hd
+        attention = c.n_layer * 2 * c.n_head * hp * (seq_len + 1) / 2  # q.k and p.v
         return 3 * 2 * (linear + attention)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
-        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, skip=True):
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding. skip: tokens whose gate
+        is 0 skip their blocks for real (forward_skip, SkipCache); False computes every block as forward() does."""
+        skip = skip and self.config.gated
+        forward, Cache = (self.forward_skip, SkipCache) if skip else (self, KVCache)
         cache, n_seen = None, 0
         for _ in range(max_new_tokens):
             if not use_cache:
-                logits, _ = self(idx[:, -self.config.block_size:])
+                logits, _ = forward(idx[:, -self.config.block_size:])
             else:
                 if cache is None or cache.pos >= self.config.block_size:
                     # (re)fill the cache; past the context length, restart it from the last half context
                     keep = self.config.block_size if cache is None else self.config.block_size // 2
-                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                    cache = Cache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
                     n_seen = max(0, idx.size(1) - keep)
-                logits, _ = self(idx[:, n_seen:], cache=cache)
+                logits, _ = forward(idx[:, n_seen:], cache=cache)
                 n_seen = idx.size(1)
             idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
         return idx

@@ -5,6 +5,7 @@ The model file, its config and the tokenizer all come from the checkpoint. Gener
 cache; past the context length it keeps going on the most recent tokens.
 """
 import argparse
+import inspect
 import sys
 from contextlib import nullcontext
 
@@ -31,6 +32,9 @@ def parse_args(argv):
     p.add_argument("--use_cache", type=str2bool, nargs="?", const=True, default=True,
                    help="key/value cache (false: recompute the whole context per token)")
     p.add_argument("--compile", type=str2bool, nargs="?", const=True, default=False)
+    p.add_argument("--skip", type=str2bool, nargs="?", const=True, default=True,
+                   help="skipmiddle: tokens whose gate is 0 skip their blocks for real (false: compute every "
+                        "block); other models ignore it")
     args = p.parse_args(argv)
     for name, low in (("num_samples", 1), ("max_new_tokens", 0), ("temperature", 0), ("top_k", 0)):
         if getattr(args, name) < low:
@@ -74,12 +78,15 @@ def main(argv):
     if len(ids) > block_size:
         raise ConfigError(f"the prompt is {len(ids)} tokens but the model's context is {block_size}; "
                           "shorten --start")
+    skip = {"skip": args.skip} if "skip" in inspect.signature(model.generate).parameters else {}
+    if not skip and "--skip" in " ".join(argv):
+        print(f"note: --skip is ignored: model_{ckpt['model_name']}.py has no skipping", file=sys.stderr)
     torch.manual_seed(args.seed)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
     for _ in range(args.num_samples):
         with torch.no_grad(), ctx:
             y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                               top_p=args.top_p, use_cache=args.use_cache)
+                               top_p=args.top_p, use_cache=args.use_cache, **skip)
         print(decode(y[0].tolist()))
         print("---------------")
 

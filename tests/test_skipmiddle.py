@@ -122,6 +122,109 @@ def attention_probs(attn, x, cos, sin, mask):
     return (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim) + mask).softmax(-1)
 
 
+def direct_mask(g, T, past):
+    """The direct form of eq. 3: a float mask (B, 1, T, past + T), -inf above the causal diagonal, else
+    ln(max(g_j, eps)) of the KEY j."""
+    causal = torch.ones(T, g.size(1), dtype=torch.bool).tril(diagonal=past)
+    return torch.where(causal, torch.log(g.clamp(min=sm.GATE_EPS))[:, None, None, :], float("-inf"))
+
+
+def direct_attention(attn, x, cos, sin, cache=None, g=None):
+    """CausalSelfAttention.forward written directly: expanded K, V and the explicit mask, no cache."""
+    assert cache is None
+    B, T, _ = x.shape
+    if g is None:
+        g = torch.ones(B, T, dtype=x.dtype)
+    v = attn.wv(x).view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+    v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
+    probs = attention_probs(attn, x, cos, sin, direct_mask(g.to(x.dtype), T, 0))
+    return attn.wo((probs @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 4])
+def test_gate_carried_in_the_keys_equals_the_direct_masked_form_in_float64(n_kv_head):
+    """One attention layer, GQA and not: outputs and the gradients of x, g and every weight; then the KV cache."""
+    torch.manual_seed(0)
+    attn = build(n_kv_head=n_kv_head).double().blocks[1].attn
+    T = 24
+    cos, sin = sm.rope_tables(attn.head_dim, T, 10000.0, None)
+    x = torch.randn(2, T, TINY["n_embd"], dtype=torch.float64, requires_grad=True)
+    g = torch.rand(2, T, dtype=torch.float64)
+    g[:, [3, 11]] = 0.0  # skipped keys: the eps floor
+    g[1, 5] = 1.0
+    g.requires_grad_(True)
+    dy = torch.randn(2, T, TINY["n_embd"], dtype=torch.float64)
+
+    def output_and_grads(forward):
+        inputs = [x, g, *attn.parameters()]
+        y = forward(attn, x, cos, sin, g=g)
+        return y.detach(), torch.autograd.grad(y, inputs, dy)
+
+    y, grads = output_and_grads(sm.CausalSelfAttention.forward)
+    ref_y, ref_grads = output_and_grads(direct_attention)
+    torch.testing.assert_close(y, ref_y, rtol=1e-12, atol=1e-12)
+    assert grads[1].abs().sum() > 0  # the gate learns through the bias
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, rtol=1e-10, atol=1e-12)
+    # the cache: a prefill of 9, a chunk of 6 (a boolean causal mask then), then token by token
+    cache = sm.KVCache(attn_config(attn), 2, "cpu", torch.float64)
+    parts = []
+    with torch.no_grad():
+        for a, b in [(0, 9), (9, 15)] + [(t, t + 1) for t in range(15, T)]:
+            parts.append(attn(x[:, a:b], cos[a:b], sin[a:b], cache, g[:, a:b]))
+            cache.pos = b
+    torch.testing.assert_close(torch.cat(parts, dim=1), ref_y, rtol=1e-12, atol=1e-12)
+
+
+def test_in_bfloat16_the_gate_in_the_keys_loses_no_more_than_the_direct_mask():
+    """Both paths in bfloat16 against a float64 reference from the same bf16-rounded q, k, v: the bias of a
+    skipped key (ln 1e-6 = -13.8) rides in a bf16 key coordinate, rounded once like the direct bf16 mask."""
+    torch.manual_seed(0)
+    B, H, H_kv, T, hd = 2, 4, 2, 64, 20  # hd 20: padded to 24
+    q, k, v = (torch.randn(B, h, T, hd, dtype=torch.float64).to(torch.bfloat16) for h in (H, H_kv, H_kv))
+    g = torch.rand(B, T, dtype=torch.float64)
+    g[g < 0.3] = 0.0
+
+    def direct(dtype):
+        mask = direct_mask(g, T, 0).to(dtype)
+        return F.scaled_dot_product_attention(q.to(dtype), k.to(dtype).repeat_interleave(2, 1),
+                                              v.to(dtype).repeat_interleave(2, 1), attn_mask=mask).double()
+
+    qa, ka, va = sm.gate_into_keys(q, k, v, g.float())
+    assert qa.size(-1) == ka.size(-1) == va.size(-1) == 24 and ka.dtype == torch.bfloat16
+    new = F.scaled_dot_product_attention(qa, ka, va, is_causal=True, scale=hd ** -0.5, enable_gqa=True)
+    ref = direct(torch.float64)
+    err_new, err_direct = (new[..., :hd].double() - ref).abs(), (direct(torch.bfloat16) - ref).abs()
+    assert err_new.max() < 1e-2 and err_new.pow(2).mean().sqrt() < 1.2 * err_direct.pow(2).mean().sqrt()
+
+
+def attn_config(attn):
+    return sm.GPTConfig(**{**TINY, "n_layer": attn.layer_idx + 1, "n_kv_head": attn.n_kv_head})
+
+
+def test_the_model_with_the_gate_in_the_keys_equals_the_direct_form(monkeypatch):
+    """The whole model in float64, logits and every gradient; the model itself rounds RoPE and the gates to
+    float32 (vanilla's apply_rope, the gate's .float()), so the paths agree to float32 precision here."""
+    model = build(gate_init_std=0.3).double()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 40))
+    _, _, _, gates = run_capturing(model, idx)
+    assert any((g == 0).any() and (g > 0).any() and (g < 1).any() for g in gates)  # a real mix of gates
+
+    def logits_and_grads():
+        model.zero_grad()
+        logits, loss = model(idx, idx)
+        loss.backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logits, grads = logits_and_grads()
+    with monkeypatch.context() as m:
+        m.setattr(sm.CausalSelfAttention, "forward", direct_attention)
+        ref_logits, ref_grads = logits_and_grads()
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def per_query_mask(g, T):
     """The reference code's form: ln g of the QUERY row added to every logit of that row."""
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -137,7 +240,7 @@ def test_a_key_whose_gate_is_zero_gets_no_attention_and_the_per_query_form_would
     g = torch.rand(2, T) * 0.5 + 0.5
     g[:, j] = 0.0
     with torch.no_grad():
-        probs = attention_probs(attn, x, cos, sin, sm.gated_attention_mask(g, T, 0))
+        probs = attention_probs(attn, x, cos, sin, direct_mask(g, T, 0))
         # the module really attends with these probabilities
         v = attn.wv(x).view(2, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
         v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
@@ -385,11 +488,94 @@ def test_ddp_two_processes_keep_identical_coefficients(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gated_attention_runs_in_cudas_memory_efficient_kernel():
+def test_gated_attention_runs_in_cudas_flash_kernel():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     model = build(gate_init_std=0.3).cuda()
     idx = torch.randint(0, TINY["vocab_size"], (2, 64), device="cuda")
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(idx, idx)[1]  # raises if the kernel cannot take the gated mask
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(idx, idx)[1]  # raises if the flash kernel cannot take the gated attention
     loss.backward()
     assert all(g.weight.grad.abs().sum() > 0 for g in model.gates)
+
+
+# ---- skipping for real: forward_skip, SkipCache, generate(skip=True) -------------------------------------
+
+def count_block_calls(model):
+    calls = [0] * len(model.blocks)
+    for l, block in enumerate(model.blocks):
+        block.register_forward_pre_hook(lambda m, args, l=l: calls.__setitem__(l, calls[l] + 1))
+    return calls
+
+
+def eps_tolerance(model, T):
+    """How far the dense forward (a skipped key keeps the weight eps * e^s of the eps floor) can be from
+    skipping (weight exactly 0): per layer at most T skipped keys, each with a weight below eps * e^(s - s')
+    against any key that runs, |s - s'| < 2 for these small random weights; the post-norms keep the scale."""
+    return model.config.n_layer * T * sm.GATE_EPS * math.exp(2)
+
+
+def test_closed_middle_gates_skip_the_middle_blocks_and_generation_is_unchanged():
+    model = build(gate_init_std=0.0).eval()
+    with torch.no_grad():
+        model.gates[1].bias.fill_(2.0)  # S >= 1 at gate 1 for every token: blocks 1 and 2 are closed
+    idx = torch.randint(0, TINY["vocab_size"], (2, 9))
+    calls = count_block_calls(model)
+    skip = model.generate(idx, 20, temperature=0)  # skip=True is the default
+    assert calls == [20, 0, 0, 20]  # one prefill + 19 decoding steps; the closed blocks never run
+    dense = model.generate(idx, 20, temperature=0, skip=False)
+    assert torch.equal(skip, dense) and calls[1] == 20
+    torch.testing.assert_close(model.forward_skip(dense)[0], model(dense)[0], rtol=0, atol=eps_tolerance(model, 29))
+
+
+def test_a_mix_of_open_and_closed_tokens_per_row(monkeypatch):
+    model = build(gate_init_std=0.0).eval()
+    skip_tokens(model, [7])
+    with torch.no_grad():  # token 7: gate 0.3 at blocks 0 and 3, 0 at blocks 1 and 2; the others 1, then 0.5
+        model.gates[0].weight[0, 0] *= 0.7 / (100 * model.emb_norm(model.tok_emb.weight[7])[0])
+        model.gates[1].bias.fill_(0.5)
+    idx = torch.randint(10, TINY["vocab_size"], (3, 30))
+    idx[0, [2, 5, 6, 20]] = 7
+    idx[1, 3] = 7  # row 2 has none: it runs every block while the others skip some tokens
+    logits, _, _, gates = run_capturing(model, idx)
+    assert (gates[0][idx >= 10] == 1).all() and (gates[0][idx == 7] - 0.3).abs().max() < 1e-5
+    assert (gates[1][idx == 7] == 0).all() and (gates[1][idx >= 10] == 0.5).all()
+    torch.testing.assert_close(model.forward_skip(idx)[0], logits, rtol=0, atol=eps_tolerance(model, 30))
+    # the cache: per layer only the tokens that ran it, with their positions and gates, in order
+    cache = sm.SkipCache(model.config, 3, "cpu", torch.float32)
+    steps = [model.forward_skip(idx[:, :12], cache=cache)[0]]
+    steps += [model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 30)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), logits, rtol=0, atol=eps_tolerance(model, 30))
+    for l in range(4):
+        g = gates[model.mirror[l]]
+        for b in range(3):
+            ran = (g[b] > 0).nonzero()[:, 0]
+            assert cache.n[l, b] == len(ran) and torch.equal(cache.key_pos[l, b, :len(ran)], ran)
+            assert torch.equal(cache.g[l, b, :len(ran)], g[b, ran])
+    assert cache.n[1].tolist() == [26, 29, 30] and cache.n[0].tolist() == [30] * 3
+    # the eps floor is what separates the two: with a floor of 1e-2 the difference exceeds the tolerance
+    tolerance = eps_tolerance(model, 30)
+    monkeypatch.setattr(sm, "GATE_EPS", 1e-2)
+    assert (model.forward_skip(idx)[0] - model(idx)[0]).abs().max() > tolerance
+
+
+def test_skipped_tokens_entries_are_never_read():
+    model = build(gate_init_std=0.0).eval()
+    skip_tokens(model, [7])
+    idx = torch.randint(10, TINY["vocab_size"], (1, 20))
+    idx[0, [4, 11]] = 7
+    cache = sm.SkipCache(model.config, 1, "cpu", torch.float32)
+    first = model.forward_skip(idx[:, :15], cache=cache)[0]
+    assert cache.n[:, 0].tolist() == [13] * 4  # tokens 4 and 11 took no slot in any layer
+    cache.k[:, :, :, 13:], cache.v[:, :, :, 13:], cache.g[:, :, 13:] = float("nan"), float("nan"), float("nan")
+    rest = torch.cat([model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(15, 20)], dim=1)
+    full = model.forward_skip(idx)[0]
+    assert torch.isfinite(rest).all()
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, rtol=1e-5, atol=1e-6)
+
+
+def test_generate_with_skip_false_is_the_dense_forward():
+    model = build(gate_init_std=0.3).eval()
+    idx = torch.randint(0, TINY["vocab_size"], (2, 8))
+    out = model.generate(idx, 6, temperature=0, skip=False, use_cache=False)
+    for t in range(8, 14):  # each token the argmax of forward() on the text so far, bit for bit
+        assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
