@@ -56,6 +56,7 @@ def small_data(data_dir, tmp_path):
     shutil.copytree(os.path.join(data_dir, "shakespeare"), folder)
     meta = json.load(open(folder / "meta.json"))
     np.fromfile(folder / "val.bin", dtype=meta["dtype"])[:4096].tofile(folder / "val.bin")
+    json.dump({**meta, "val_tokens": 4096}, open(folder / "meta.json", "w"))
     return str(tmp_path / "data")
 
 
