@@ -167,7 +167,9 @@ def parse_args(argv):
             parser.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=default,
                                 help=f"({group})")
         else:
-            parser.add_argument(f"--{name}", type=kind, default=default, help=f"({group})")
+            note = " the total over all processes; None = one micro-step per process" \
+                if name == "gradient_accumulation_steps" else ""
+            parser.add_argument(f"--{name}", type=kind, default=default, help=f"({group}){note}")
     args = vars(parser.parse_args(argv))
     args.pop("config_files")
     # a size preset fills the shape fields that neither a preset file nor the command line set, and so do the

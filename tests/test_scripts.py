@@ -132,3 +132,33 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     kept = torch.load(out / "ckpt.pt", weights_only=False)
     assert kept["iter_num"] == good["iter_num"] == 2, line
     assert all(torch.equal(good["model"][k], kept["model"][k]) for k in good["model"])
+
+
+# ---- DDP: resume with dropout, the README's torchrun command ---------------------------------------------------
+
+def torchrun(*args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "train.py"), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_ddp_resume_with_dropout_equals_uninterrupted(data_dir, tmp_path):
+    """Two processes (gloo), dropout on, and no --gradient_accumulation_steps (one micro-step per process, as in
+    the README's command): stopped at step 2 and resumed, the run equals the uninterrupted one, because every rank
+    gets its own random state back; the resumed log holds every step once, and a stale ckpt.pt.tmp is gone."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    opts = ["--data_dir", data_dir, *TINY, "--dropout=0.2", "--log_interval=1", "--eval_interval=2",
+            "--warmup_iters=1", "--lr_decay_iters=4"]
+    torchrun(*opts, "--out_dir", full, "--max_iters=4")
+    torchrun(*opts, "--out_dir", part, "--max_iters=2")
+    (part / "ckpt.pt.tmp").write_bytes(b"left by a run killed while saving")
+    torchrun(*opts, "--out_dir", part, "--max_iters=4", "--resume")
+    a, b = ([json.loads(l) for l in open(d / "log.jsonl")] for d in (full, part))
+    assert [(r["iter"], "val_loss" in r) for r in b] == [(r["iter"], "val_loss" in r) for r in a]
+    assert [r.get("loss", r.get("val_loss")) for r in b] == [r.get("loss", r.get("val_loss")) for r in a], (a, b)
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=False) for d in (full, part))
+    assert sa["train_config"]["gradient_accumulation_steps"] == 2 and len(sa["rng"]["torch"]) == 2
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    assert not (part / "ckpt.pt.tmp").exists()
