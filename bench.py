@@ -26,6 +26,7 @@ so a sweep can be finished over several sittings, and a changed option never reu
 table between its `<!-- <results>:start -->` markers.
 """
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -168,6 +169,26 @@ def interleaved(vanilla, run, repeats):
     return t_vanilla, t_model, ratios
 
 
+def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
+    """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
+    skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of those forwards."""
+    if "skip" not in inspect.signature(model.generate).parameters or not hasattr(model, "stats"):
+        return {}
+    times = {True: [], False: []}
+    with torch.no_grad(), ctx:
+        model.stats()  # drop the gate statistics of earlier forwards
+        for _ in range(repeats):
+            for skip in (False, True):
+                sync(device)
+                t0 = time.perf_counter()
+                model.generate(prompt, n_tokens, temperature=0, skip=skip)
+                sync(device)
+                times[skip].append(time.perf_counter() - t0)
+    dense, skipping = statistics.median(times[False]), statistics.median(times[True])
+    return {"sample_tok_s_skip": n_tokens / skipping, "sample_tok_s_dense": n_tokens / dense,
+            "skip_time_ratio": skipping / dense, "est_flops_ratio": model.stats().get("est_flops_ratio")}
+
+
 def measure(label, module, shape, args, device, ctx):
     """Parameters, peak memory and sampling speed of one model; returns the row and its warm Training, timed
     later against vanilla's. On CUDA, memory held before this model was built (vanilla's) is not counted."""
@@ -196,6 +217,7 @@ def measure(label, module, shape, args, device, ctx):
             model.generate(prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
             sync(device)
         row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / (time.perf_counter() - t0)
+    row.update(skip_generation(model, prompt, args.sample_tokens, device, ctx))
     model.train()
     return row, run
 
@@ -251,6 +273,10 @@ def print_measurements(rows):
         print(f"{r['label']:<17}{r['params']:>12,}{r['extra_params']:>12,}{r['train_tok_s']:>13,.0f}{speed:>22}"
               f"{r['peak_mem_bytes'] / 2**20:>10.1f}{r['peak_mem_ratio']:>10.3f}"
               f"{mfu:>7}{r['sample_tok_s_cache']:>14,.1f}{r['sample_tok_s_nocache']:>10,.1f}")
+    for r in rows:
+        if "skip_time_ratio" in r:  # greedy generation, B=1, with the cache
+            print(f"{r['label']}: generation {r['sample_tok_s_skip']:,.1f} tok/s skipping, {r['sample_tok_s_dense']:,.1f} "
+                  f"dense: time ratio {r['skip_time_ratio']:.3f}, est_flops_ratio {r['est_flops_ratio']:.3f}")
 
 
 def main(argv):

@@ -37,3 +37,13 @@ def test_bench_rejects_empty_measurements():
     for bad in ("--repeats=0", "--iters=0", "--warmup=-1"):
         with pytest.raises(ConfigError, match="at least"):
             bench.main(["--size=small", "--device=cpu", bad])
+
+
+def test_bench_times_generation_with_and_without_skipping_for_skipmiddle():
+    rows = bench.main(["--size=small", "--block_size=32", "--batch_size=2", "--warmup=0", "--iters=1", "--repeats=1",
+                       "--sample_tokens=4", "--device=cpu", "--runs=skipmiddle"])
+    by_label = {r["label"]: r for r in rows}
+    assert "skip_time_ratio" not in by_label["vanilla"]  # its generate() cannot skip
+    r = by_label["skipmiddle"]
+    assert r["skip_time_ratio"] == pytest.approx(r["sample_tok_s_dense"] / r["sample_tok_s_skip"]) and r["skip_time_ratio"] > 0
+    assert 0 < r["est_flops_ratio"] <= 1
