@@ -326,10 +326,34 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, cache=None, g=None):
         # g (B, T): this block's gate per token, None in the dense model; g == 0 leaves the token's stream as it is
-        scale = 1.0 if g is None else g.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
-        x = x + scale * self.drop(self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, cache, g)))
-        x = x + scale * self.drop(self.mlp_out_norm(self.mlp(self.mlp_norm(x))))
+        x = x + self.drop(gated_norm(self.attn_out_norm, self.attn(self.attn_norm(x), cos, sin, cache, g), g))
+        x = x + self.drop(gated_norm(self.mlp_out_norm, self.mlp(self.mlp_norm(x)), g))
         return x
+
+
+class GateScale(torch.autograd.Function):
+    """n * w * g for the output norm's normalised input n (B, T, d), its weight w (d,) and the gate g (B, T, 1).
+    Written as two multiplies, autograd would keep n for w's gradient AND n * w for g's; this keeps n only."""
+
+    @staticmethod
+    def forward(ctx, n, w, g):
+        ctx.save_for_backward(n, w, g)
+        return n * w * g
+
+    @staticmethod
+    def backward(ctx, grad):
+        n, w, g = ctx.saved_tensors
+        return grad * w * g, (grad * n * g).flatten(0, -2).sum(0), (grad * n * w).sum(-1, keepdim=True)
+
+
+def gated_norm(norm, y, g):
+    """g * norm(y) for the RMSNorm module `norm` (norm(y) alone when g is None), saving for the backward what
+    norm(y) alone saves (see GateScale)."""
+    if g is None:
+        return norm(y)
+    yf = y.float()
+    n = (yf * torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(y)  # RMSNorm without its weight
+    return GateScale.apply(n, norm.weight, g.unsqueeze(-1).to(y.dtype))
 
 
 class GPT(nn.Module):
