@@ -33,9 +33,10 @@ Interpretations:
   the explicit mask with expanded K, V 1.06 s. The appended coordinate is exact in float64 and costs no more
   than the direct mask in bf16 (next item), so it is the one path everywhere.
   bf16: c is a power of two (exact in every format), so c * k_extra * scale reproduces the bias up to one bf16
-  rounding of k_extra, a relative error of at most 2^-9 of the bias (0.027 for ln 1e-6 = -13.8, i.e. a relative
-  error of 2.7% on a weight of 1e-6; 0.0014 on ln 0.5), which is exactly what rounding the direct float mask
-  to bf16 costs; any c that is a power of two gives the same, a c that is not adds its own rounding.
+  rounding of k_extra, a relative error of at most 2^-8 of the bias (bf16 keeps 8 significant bits: 0.054 for
+  ln 1e-6 = -13.8, i.e. a relative error of 5.5% on a weight of 1e-6; 0.0027 on ln 0.5), which is exactly what
+  rounding the direct float mask to bf16 costs; any c that is a power of two gives the same, a c that is not
+  adds its own rounding.
   tests/test_skipmiddle.py checks it: both paths in bf16 against a float64 reference, same error.
   The bias is differentiable: the gate also learns through attention (eq. 3 as written).
 - The gate reads the raw residual stream entering its block (as the reference does), not a normalised copy.
