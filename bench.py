@@ -25,6 +25,7 @@ so a sweep can be finished over several sittings, and a changed option never reu
 <results>/curves.png (validation loss against tokens seen) and, with --update_readme, README.md's copy of the
 table between its `<!-- <results>:start -->` markers.
 """
+import copy
 import hashlib
 import inspect
 import json
@@ -82,6 +83,12 @@ def parse_args(argv):
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA where supported), float32, bfloat16")
     p.add_argument("--compile", type=str2bool, nargs="?", const=True, default=False)
     p.add_argument("--json", default="", help="also write the results to this JSON file")
+    p.add_argument("--close_gates", type=int, default=-1,
+                   help="skipmiddle: before timing generation with and without skipping, close gate K and every later "
+                        "one for every token (blocks K to L-1-K skipped); -1 = the gates as initialised")
+    p.add_argument("--checkpoint", default="",
+                   help="time only generation with and without skipping, on this trained run (its out_dir), prompted "
+                        "with the start of its data set's val split from --data_dir")
     p.add_argument("--train_iters", type=int, default=0, help="train every label this many steps (a sweep); 0 = no")
     p.add_argument("--seeds", type=int, default=3, help="sweep: seeds per label, --seed, --seed + 1, ...")
     p.add_argument("--seed", type=int, default=train.TRAIN_DEFAULTS["seed"], help="sweep: the first seed")
@@ -172,8 +179,8 @@ def interleaved(vanilla, run, repeats):
 def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
     """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
     skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of those forwards."""
-    if "skip" not in inspect.signature(model.generate).parameters or not hasattr(model, "stats"):
-        return {}
+    if "skip" not in inspect.signature(model.generate).parameters or not getattr(model, "gates", None):
+        return {}  # a model without gates (skipmiddle-dense) has nothing to skip
     times = {True: [], False: []}
     with torch.no_grad(), ctx:
         model.stats()  # drop the gate statistics of earlier forwards
@@ -187,6 +194,37 @@ def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
     dense, skipping = statistics.median(times[False]), statistics.median(times[True])
     return {"sample_tok_s_skip": n_tokens / skipping, "sample_tok_s_dense": n_tokens / dense,
             "skip_time_ratio": skipping / dense, "est_flops_ratio": model.stats().get("est_flops_ratio")}
+
+
+def close_gates(model, first):
+    """Every token's gate 0 from gate `first` on: a bias of 2 there puts the soft mask S (eq. 1) at 2 >= 1 for it
+    and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first to L-1-first."""
+    if not 0 <= first < len(model.gates):
+        raise ConfigError(f"--close_gates must be between 0 and {len(model.gates) - 1} for {len(model.gates)} gates")
+    with torch.no_grad():
+        for gate in model.gates:
+            gate.weight.zero_()
+            gate.bias.zero_()
+        model.gates[first].bias.fill_(2.0)
+
+
+def checkpoint_generation(args, device, ctx):
+    """--checkpoint: skip_generation() on a trained run, greedy from the first 16 tokens of its val split."""
+    model, ckpt = train.load_checkpoint(args.checkpoint, device)
+    model.eval()
+    meta = ckpt["meta"]
+    val = np.memmap(os.path.join(args.data_dir, meta["dataset"], "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+    prompt = torch.from_numpy(val[:16].astype(np.int64))[None].to(device)  # (1, 16)
+    if args.close_gates >= 0:
+        close_gates(model, args.close_gates)
+    row = {"checkpoint": args.checkpoint, "steps": ckpt["iter_num"],
+           **skip_generation(model, prompt, args.sample_tokens, device, ctx)}
+    if "skip_time_ratio" not in row:
+        raise ConfigError(f"{args.checkpoint} holds a {ckpt['model_name']} model without gates: nothing to skip")
+    print(f"{args.checkpoint} (step {row['steps']}): generation {row['sample_tok_s_skip']:,.1f} tok/s skipping, "
+          f"{row['sample_tok_s_dense']:,.1f} dense: time ratio {row['skip_time_ratio']:.3f}, "
+          f"est_flops_ratio {row['est_flops_ratio']:.3f}")
+    return [row]
 
 
 def measure(label, module, shape, args, device, ctx):
@@ -217,7 +255,11 @@ def measure(label, module, shape, args, device, ctx):
             model.generate(prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
             sync(device)
         row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / (time.perf_counter() - t0)
-    row.update(skip_generation(model, prompt, args.sample_tokens, device, ctx))
+    skipper = model
+    if args.close_gates >= 0 and getattr(model, "gates", None):
+        skipper = copy.deepcopy(model)  # the timed training keeps the gates as initialised
+        close_gates(skipper, args.close_gates)
+    row.update(skip_generation(skipper, prompt, args.sample_tokens, device, ctx))
     model.train()
     return row, run
 
@@ -290,6 +332,8 @@ def main(argv):
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
     if min(args.iters, args.repeats) < 1 or args.warmup < 0:
         raise ConfigError("--iters and --repeats must be at least 1, --warmup at least 0")
+    if args.checkpoint:
+        return checkpoint_generation(args, device, ctx)
     if args.train_iters:  # train on real data: the vocabulary is the data set's
         args.vocab_size = train.read_meta(args.data_dir, args.dataset)["vocab_size"]
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
@@ -299,7 +343,8 @@ def main(argv):
     if args.n_layer:
         shape["n_layer"] = args.n_layer
     hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
-                else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+                else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+                   f"thread{'s' if torch.get_num_threads() > 1 else ''})")
     print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
           f"{'bfloat16' if use_bf16 else 'float32'}{', compiled' if args.compile else ''}, torch {torch.__version__}")
     if args.train_iters:

@@ -3,8 +3,11 @@ import json
 import math
 
 import pytest
+import torch
 
 import bench
+import model_skipmiddle as sm
+import train
 from train import ConfigError
 
 
@@ -47,3 +50,32 @@ def test_bench_times_generation_with_and_without_skipping_for_skipmiddle():
     r = by_label["skipmiddle"]
     assert r["skip_time_ratio"] == pytest.approx(r["sample_tok_s_dense"] / r["sample_tok_s_skip"]) and r["skip_time_ratio"] > 0
     assert 0 < r["est_flops_ratio"] <= 1
+
+
+def test_bench_closes_the_middle_gates_for_the_skipping_measurement():
+    rows = bench.main(["--size=small", "--block_size=32", "--batch_size=2", "--warmup=0", "--iters=1", "--repeats=1",
+                       "--sample_tokens=4", "--device=cpu", "--runs=skipmiddle", "--close_gates=1"])
+    model = sm.GPT(sm.GPTConfig(block_size=32, vocab_size=50304))  # the shape bench.py measured
+    sparse, dense = model.estimated_flops(torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 0.0]))  # blocks 1 to 4 skipped
+    assert rows[-1]["est_flops_ratio"] == pytest.approx(sparse / dense)
+    with pytest.raises(ConfigError, match="--close_gates must be between 0 and 2"):
+        bench.main(["--size=small", "--block_size=32", "--batch_size=2", "--warmup=0", "--iters=1", "--repeats=1",
+                    "--sample_tokens=4", "--device=cpu", "--runs=skipmiddle", "--close_gates=3"])
+
+
+def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train.main(["--model=skipmiddle", f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--n_layer=4",
+                "--n_embd=32", "--n_head=2", "--n_kv_head=1", "--ffn_hidden=64", "--block_size=32", "--batch_size=2",
+                "--eval_iters=1", "--device=cpu"])
+    (row,) = bench.main([f"--checkpoint={out}", f"--data_dir={data_dir}", "--sample_tokens=4", "--device=cpu",
+                         "--close_gates=1"])
+    assert row["steps"] == 2 and row["skip_time_ratio"] > 0
+    model, _ = train.load_checkpoint(str(out))
+    sparse, dense = model.estimated_flops(torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    assert row["est_flops_ratio"] == pytest.approx(sparse / dense)
+    train.main(["--model=vanilla", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'v'}", "--max_iters=0",
+                "--n_layer=2", "--n_embd=32", "--n_head=2", "--n_kv_head=1", "--ffn_hidden=64", "--block_size=32",
+                "--device=cpu"])
+    with pytest.raises(ConfigError, match="without gates: nothing to skip"):
+        bench.main([f"--checkpoint={tmp_path / 'v'}", f"--data_dir={data_dir}", "--device=cpu"])
