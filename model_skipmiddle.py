@@ -209,8 +209,8 @@ class SkipCache:
     def update(self, layer, k, v):
         """Store k, v (B, H_kv, N, hd) of the selected tokens; return the keys/values of the layer's slots."""
         index = self.slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
+        self.k[layer].scatter_(2, index, k.to(self.k.dtype))  # under autocast k, v are bf16, the cache the weights'
+        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
         Tk = int(self.n[layer].max())
         return self.k[layer, :, :, :Tk], self.v[layer, :, :, :Tk]
 

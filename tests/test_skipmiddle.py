@@ -566,6 +566,17 @@ def test_closed_middle_gates_skip_the_middle_blocks_and_generation_is_unchanged(
     torch.testing.assert_close(model.forward_skip(dense)[0], model(dense)[0], rtol=0, atol=eps_tolerance(model, 29))
 
 
+def test_generation_with_skipping_runs_under_bf16_autocast():
+    """Under autocast the keys and values are bf16 while the cache holds the weights' float32."""
+    model = build(gate_init_std=0.0).eval()
+    with torch.no_grad():
+        model.gates[1].bias.fill_(2.0)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.generate(idx, 8, temperature=0)
+    assert out.shape == (2, 17) and torch.equal(out[:, :9], idx)
+
+
 def test_a_mix_of_open_and_closed_tokens_per_row(monkeypatch):
     model = build(gate_init_std=0.0).eval()
     skip_tokens(model, [7])
