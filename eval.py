@@ -18,7 +18,6 @@ The PNGs (logit_lens.png, depth_map.png) need matplotlib (pip install matplotlib
     python eval.py --out_dir out-vanilla out-vertical --logit_lens --depth_map
     python eval.py --out_dir out-vertical --loss=false --mc hellaswag_val.jsonl --k_shot 4
 """
-import argparse
 import json
 import math
 import os
@@ -26,67 +25,41 @@ import random
 import re
 import sys
 import textwrap
-from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from common import (DTYPES, ConfigError, autocast, describe_run, load_checkpoint, main_boundary, open_split, option,
+                    parse_simple, read_meta, resolve_device, resolve_dtype, split_tokens)
 from prepare import get_tokenizer
-from train import (ArgumentParser, ConfigError, fail, load_checkpoint, open_split, read_meta, resolve_device,
-                   split_tokens, str2bool)
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows the docstring as written and every option's default."""
-
-
-def plot_option(s):
-    try:
-        return "auto" if s == "auto" else str2bool(s)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {s!r}")
-
-
-def parse_args(argv):
-    p = ArgumentParser(description=__doc__.strip(), formatter_class=HelpFormatter)
-    p.add_argument("--out_dir", nargs="+", default=["out"],
-                   help="run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in turn")
-    p.add_argument("--data_dir", default="", help="folder of prepared data sets; '' = the one the run trained on")
-    p.add_argument("--dataset", default="", help="'' = the data set the run trained on")
-    p.add_argument("--split", default="val", choices=["val", "train"], help="the split to evaluate on")
-    p.add_argument("--tokens", type=int, default=0, help="evaluate the first N tokens of the split; 0 = all")
-    p.add_argument("--batch_size", type=int, default=8, help="windows (or scored continuations) per forward pass")
-    p.add_argument("--loss", type=str2bool, nargs="?", const=True, default=True,
-                   help="loss and perplexity over the split; false = only the analyses asked for")
-    p.add_argument("--logit_lens", type=str2bool, nargs="?", const=True, default=False,
-                   help="per-layer loss and mean probability of the correct next token")
-    p.add_argument("--depth_map", type=str2bool, nargs="?", const=True, default=False,
-                   help="print the model's depth_map() (and save out_dir/depth_map.png)")
-    p.add_argument("--mc", default="", help="few-shot multiple choice on this jsonl file: context/choices/label, "
-                   "or HellaSwag (ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
-    p.add_argument("--k_shot", type=int, default=4, help="solved examples before each question (--mc, --lm_eval)")
-    p.add_argument("--mc_limit", type=int, default=0,
-                   help="score the first N questions only (--mc, --lm_eval); 0 = all")
-    p.add_argument("--seed", type=int, default=1337, help="draws the --k_shot examples")
-    p.add_argument("--lm_eval", default="", help="lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, "
-                   "or task .yaml files")
-    p.add_argument("--plot", type=plot_option, nargs="?", const=True, default="auto",
-                   help="save PNGs: auto = when matplotlib is installed, true, false")
-    p.add_argument("--plot_path", default="", help="the logit lens figure; '' = logit_lens.png in the first out_dir")
-    p.add_argument("--json", type=str2bool, nargs="?", const=True, default=False,
-                   help="print the results as one JSON object per checkpoint, one per line")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto = bfloat16 on CUDA where supported, else float32")
-    args = p.parse_args(argv)
-    for name in ("tokens", "k_shot", "mc_limit"):
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name} must be 0 or more, not {getattr(args, name)}")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch_size must be 1 or more, not {args.batch_size}")
-    return args
+@dataclass
+class EvalConfig:
+    out_dir: tuple = option(("out",), "run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in turn")
+    data_dir: str = option("", "folder of prepared data sets; '' = the one the run trained on")
+    dataset: str = option("", "'' = the data set the run trained on")
+    split: str = option("val", "the split to evaluate on", choices=("val", "train"))
+    tokens: int = option(0, "evaluate the first N tokens of the split; 0 = all", min=0)
+    batch_size: int = option(8, "windows (or scored continuations) per forward pass", min=1)
+    loss: bool = option(True, "loss and perplexity over the split; false = only the analyses asked for")
+    logit_lens: bool = option(False, "per-layer loss and mean probability of the correct next token")
+    depth_map: bool = option(False, "print the model's depth_map() (and save out_dir/depth_map.png)")
+    mc: str = option("", "few-shot multiple choice on this jsonl file: context/choices/label, or HellaSwag "
+                     "(ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
+    k_shot: int = option(4, "solved examples before each question (--mc, --lm_eval)", min=0)
+    mc_limit: int = option(0, "score the first N questions only (--mc, --lm_eval); 0 = all", min=0)
+    seed: int = option(1337, "draws the --k_shot examples", min=0, max=2**32 - 1)
+    lm_eval: str = option("", "lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, or task .yaml files")
+    plot: str = option("auto", "save PNGs: auto = when matplotlib is installed, true, false",
+                       choices=("auto", "true", "false"))
+    plot_path: str = option("", "the logit lens figure; '' = logit_lens.png in the first out_dir")
+    json: bool = option(False, "print the results as one JSON object per checkpoint, one per line")
+    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
+    dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
 
 
 def run_folder(out_dir):
@@ -424,10 +397,12 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
 # ----------------------------------------------------------------------------------------------------------
 
 def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
-    model, ckpt = load_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta", "train_config"))
+    model, _, ckpt = load_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta",
+                                                            "train_config"))
     model.eval()
     name, block_size = ckpt["model_name"], ckpt["model_args"]["block_size"]
-    result = {"out_dir": out_dir, "model": name}
+    result = {"out_dir": out_dir, "model": name, "step": ckpt.get("iter_num"), "tokens_seen": ckpt.get("tokens_seen"),
+              "run": describe_run(ckpt)}
     if args.loss or args.logit_lens or args.depth_map:
         data_dir = args.data_dir or ckpt["train_config"]["data_dir"]
         dataset = args.dataset or ckpt["train_config"]["dataset"]
@@ -475,7 +450,7 @@ def report(result, model, args):
     if args.json:
         print(json.dumps(result), flush=True)
         return
-    line = f"{result['model']} ({result['out_dir']})"
+    line = f"{result['model']} ({result['out_dir']}, {result['run']})"
     if "loss" in result:
         line += (f" on {result['dataset']}/{result['split']}: {result['tokens']:,} tokens | "
                  f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}")
@@ -499,20 +474,22 @@ def report(result, model, args):
         print(f"  lm_eval {task}: " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
+def parse_args(argv):
+    return parse_simple(EvalConfig, argv, __doc__)
+
+
 def main(argv):
     args = parse_args(argv)
     if args.lm_eval:
         import_lm_eval()  # fail before any work when it is missing
     mc_items = read_mc(args.mc) if args.mc else None
     plt = None
-    if args.plot is not False and (args.logit_lens or args.depth_map):
+    if args.plot != "false" and (args.logit_lens or args.depth_map):
         plt = import_pyplot()
-        if plt is None and args.plot is True:
+        if plt is None and args.plot == "true":
             raise ConfigError("--plot needs matplotlib: pip install matplotlib")
-    device = str(resolve_device(args.device))
-    use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.startswith("cuda")
-                                            and torch.cuda.is_bf16_supported())
-    ctx = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    device = resolve_device(args.device)
+    ctx = autocast(device, resolve_dtype(args.dtype, device))
     results = []
     for out_dir in args.out_dir:
         result, model = evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt)
@@ -529,7 +506,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as e:
-        fail(str(e))
+    main_boundary(main)

@@ -59,7 +59,7 @@ Extra parameters: 2d per sublayer plus 2d for the output mix, 2d(2L + 1) in all:
 (d 384, L 8), 0.023% of vanilla's 56.3M with the GPT-2 vocabulary (tests/test_attnres.py computes it).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -72,22 +72,67 @@ VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the contr
 }
 
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints, which check_config() applies: min / max
+    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config):
+    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
+    for f in fields(config):
+        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
-    block_size: int = 256  # context length
-    n_layer: int = 6
-    n_head: int = 4
-    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
-    n_embd: int = 128
-    ffn_hidden: int = 512  # SwiGLU hidden size
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    bias: bool = False
-    tie_embeddings: bool = False
-    attn_res: str = "block"  # "block": sources are block sums; "full": every sublayer output is a source
-    n_blocks: int = 4  # block mode: the 2L sublayers form this many blocks of consecutive sublayers
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    attn_res: str = option("block", "block: sources are block sums; full: every sublayer output is a source",
+                           choices=("block", "full"))
+    n_blocks: int = option(4, "block mode: the 2L sublayers form this many blocks of consecutive sublayers", min=1)
+
+    def __post_init__(self):
+        check_config(self)
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head} do not "
+                             "fit: n_head must divide n_embd into an even head size, and n_kv_head must divide n_head")
+        if self.attn_res == "block" and self.n_blocks > 2 * self.n_layer:
+            raise ValueError(f"--n_blocks must be between 1 and 2 * n_layer = {2 * self.n_layer}, not {self.n_blocks}")
 
 
 class RMSNorm(nn.Module):
@@ -194,10 +239,6 @@ def block_ends(config):
     n_sub = 2 * config.n_layer
     if config.attn_res == "full":
         return set(range(n_sub))  # one sublayer per block: every output is a source
-    if config.attn_res != "block":
-        raise ValueError(f"attn_res must be 'block' or 'full', not {config.attn_res!r}")
-    if not 1 <= config.n_blocks <= n_sub:
-        raise ValueError(f"n_blocks must be between 1 and 2 * n_layer = {n_sub}, not {config.n_blocks}")
     # as even as possible, the first r blocks one unit longer; units are whole layers while there are enough
     units, per_unit = (config.n_layer, 2) if config.n_blocks <= config.n_layer else (n_sub, 1)
     q, r = divmod(units, config.n_blocks)
