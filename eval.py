@@ -202,22 +202,90 @@ def format_depth_map(m, n_layer, decimals=2):
     return lines
 
 
-def plot_depth_map(plt, m, n_layer, title, path):
+def depth_map_layout(model, name, m):
+    """How to draw the matrix m of model.depth_map(), as each model file's depth_map() docstring defines it: a dict
+    of columns (tick labels: "emb" = the embedding, j = block j's output, or what the model's columns are), xlabel,
+    cbar (what a cell holds), valid (bool, rows x columns: the cells a row can read; a row never reads a later
+    layer's output) and learned (the map is trained from a uniform start, so that the start can be recognised)."""
     rows, cols = m.shape
-    fig, ax = plt.subplots(figsize=(min(2.5 + 0.55 * cols, 16), min(1.5 + 0.4 * rows, 16)))
-    image = ax.imshow(m.numpy(), cmap="Blues", vmin=0, vmax=max(1.0, m.max().item()))
+    causal = torch.ones(rows, cols, dtype=torch.bool).tril()  # row l reads columns 0..l
+    sources = ["emb"] + [str(j) for j in range(1, cols)]
+    layout = dict(columns=[str(c) for c in range(cols)], xlabel="source", cbar="weight",
+                  valid=torch.ones(rows, cols, dtype=torch.bool), learned=False)
+    if name == "vertical":  # alpha: row l reads the embedding and blocks 1..l-1
+        layout.update(columns=sources, xlabel="source: the embedding (emb), then block j's output (j)",
+                      cbar="alpha (softmax weight of the source)", valid=causal,
+                      learned=getattr(model, "va_scores", None) is not None)
+    elif name == "aila":  # mean alpha: layer j reads h_0..h_{j-1}; arch 1 also h~_j, in column j
+        counts = [row.numel() for row in getattr(model, "maps", [])]
+        layout.update(columns=sources, cbar="mean alpha (over tokens and heads)", learned=True,
+                      valid=read_counts(counts, rows, cols) if len(counts) == rows else causal,
+                      xlabel="source: the embedding (emb), then layer j's output (j)"
+                      + ("; row j's column j: its own block output" if cols > rows else ""))
+    elif name == "attnres":  # mean softmax weight: the embedding, then block n's (partial) sum
+        counts = [len(mix.mean_weights) for mix in model.mixes()] if hasattr(model, "mixes") else []
+        full = getattr(model.config, "attn_res", "") == "full"
+        layout.update(columns=sources, cbar="mean softmax weight (over tokens)", learned=True,
+                      valid=read_counts(counts, rows, cols) if len(counts) == rows else m > 0,
+                      xlabel="source: the embedding (emb), then " + ("sublayer n's output (n)" if full else
+                                                                      "block n's sum (n; partial while open)"))
+    elif name == "skiplayer":  # fixed: the fraction of layer l's query heads reading layer j's keys and values
+        layout.update(columns=[str(j) for j in range(1, cols + 1)], valid=causal,
+                      xlabel="the layer whose keys and values the heads read", cbar="fraction of the query heads")
+    elif name == "skipmiddle":  # the mean gate of every block
+        layout.update(columns=["mean gate"], xlabel="", cbar="mean gate (1: the block runs, 0: skipped)")
+    return layout
+
+
+def read_counts(counts, rows, cols):
+    """The valid cells of a map whose row r reads its first counts[r] columns."""
+    return torch.arange(cols)[None, :] < torch.tensor(counts)[:, None]
+
+
+def at_uniform_start(m, layout):
+    """True when a learned map is still where training starts it: every row uniform over the sources it can read
+    (within 1e-3), in a map where some row has two or more sources."""
+    valid = layout["valid"]
+    n = valid.sum(1, keepdim=True)
+    if not layout["learned"] or not (n >= 2).any():
+        return False
+    return bool(((m - valid.float() / n.clamp(min=1)).abs() <= 1e-3).all())
+
+
+def uniform_note(result):
+    return (f"note: the depth map of {result['out_dir']} is still at its uniform start (every row equal over its "
+            "sources): it has not learned yet; train longer (vertical: or raise --va_lr)")
+
+
+def plot_depth_map(plt, m, n_layer, layout, title, path):
+    """The map as a heat map with the numbers in the cells a row can read; the cells it cannot read are blank
+    (grey), not zeros. Returns the (closed) figure, whose axes and texts can still be read."""
+    rows, cols = m.shape
+    valid = layout["valid"]
+    width = min(max(6.0, 3.5 + 0.6 * cols), 16)
+    fig, ax = plt.subplots(figsize=(width, min(2.5 + 0.4 * rows, 16)))
+    cmap = plt.get_cmap("Blues").with_extremes(bad="0.85")  # grey: the cells a row cannot read
+    shown = np.ma.masked_array(m.numpy(), mask=~valid.numpy())
+    image = ax.imshow(shown, cmap=cmap, vmin=0, vmax=max(1.0, m.max().item()), aspect="auto")
     if rows * cols <= 400:  # the numbers too, as in the paper's tables, while they still fit
         for r in range(rows):
             for c in range(cols):
-                ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if m[r, c] > 0.6 else "black")
-    ax.set_xticks(range(cols))
+                if valid[r, c]:
+                    ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if m[r, c] > 0.6 else "black")
+    ax.set_xticks(range(cols), labels=layout["columns"])
     ax.set_yticks(range(rows), labels=row_labels(rows, n_layer))
-    ax.set(xlabel="source", title=title)
-    fig.colorbar(image, ax=ax)
+    ax.set(xlabel=layout["xlabel"], title=textwrap.fill(title, int(width * 8)))
+    fig.colorbar(image, ax=ax, label=layout["cbar"])
+    if not valid.all():
+        fig.text(0.01, 0.01, "grey: a source this row cannot read", fontsize=7, color="0.4")
+    if at_uniform_start(m, layout):
+        warning = "warning: still at its uniform start (every row equal over its sources): not trained yet"
+        fig.suptitle(textwrap.fill(warning, int(width * 12)), color="darkred", fontsize=9, fontweight="bold")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -448,9 +516,13 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     elif args.depth_map:  # before the loss pass: skipmiddle's map averages the forwards since the model was loaded
         m = read_depth_map(model, name, data, block_size, args.batch_size, device, ctx)
         result["depth_map"] = m.tolist()
+        layout = depth_map_layout(model, name, m)
+        result["depth_map_uniform"] = at_uniform_start(m, layout)
         if plt is not None:
             result["depth_map_png"] = os.path.join(run_folder(out_dir), "depth_map.png")
-            plot_depth_map(plt, m, model.config.n_layer, f"model_{name}.py depth map", result["depth_map_png"])
+            title = (f"{os.path.normpath(run_folder(out_dir))}, step {ckpt.get('iter_num', '?')}: "
+                     f"model_{name}.py depth map")
+            plot_depth_map(plt, m, model.config.n_layer, layout, title, result["depth_map_png"])
     if args.loss or args.logit_lens:
         loss, prob, count = evaluate_split(model, data, block_size, args.batch_size, device, ctx,
                                            logit_lens=args.logit_lens, progress=not args.json)
@@ -473,6 +545,8 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
 
 def report(result, model, args):
     if args.json:
+        if result.get("depth_map_uniform"):
+            print(uniform_note(result), file=sys.stderr)
         print(json.dumps(result), flush=True)
         return
     line = f"{result['model']} ({result['out_dir']})"
@@ -491,6 +565,8 @@ def report(result, model, args):
             print("  " + line)
         if "depth_map_png" in result:
             print(f"  heat map: {result['depth_map_png']}")
+        if result.get("depth_map_uniform"):
+            print(textwrap.indent(textwrap.fill(uniform_note(result), 110), "  "))
     if "mc" in result:
         mc = result["mc"]
         print(f"  multiple choice, {mc['k_shot']}-shot, {mc['questions']} questions from {mc['file']}: "
