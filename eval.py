@@ -64,6 +64,9 @@ def parse_args(argv):
                    help="per-layer loss and mean probability of the correct next token")
     p.add_argument("--depth_map", type=str2bool, nargs="?", const=True, default=False,
                    help="print the model's depth_map() (and save out_dir/depth_map.png)")
+    p.add_argument("--curves", nargs="+", default=[], metavar="RUN", help="plot the training and validation loss of "
+                   "these run folders from their log.jsonl, one colour per run, to --plot_path or curves.png in the "
+                   "first RUN (no checkpoint is evaluated)")
     p.add_argument("--mc", default="", help="few-shot multiple choice on this jsonl file: context/choices/label, "
                    "or HellaSwag (ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
     p.add_argument("--k_shot", type=int, default=4, help="solved examples before each question (--mc, --lm_eval)")
@@ -286,6 +289,116 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the curves of the user's own runs, from their log.jsonl
+
+def read_run_log(run):
+    """A run folder's log.jsonl as {"folder", "train": [(step, loss)], "val": [(step, val_loss)], "tokens_per_step"}.
+    A last line cut short (train.py still writing it, or killed while it did) is left out; any other line that is
+    not a record of train.py is a ConfigError."""
+    folder = run_folder(run)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--curves: no run folder {run}; pass folders that train.py wrote (its --out_dir)")
+    path = os.path.join(folder, "log.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--curves: {folder} has no log.jsonl; train.py writes one in every --out_dir it trains")
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--curves: cannot read {path} ({e})")
+    lines = text.split("\n")
+    train, val = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = record["iter"]
+            points = [(key, float(record[key])) for key in ("loss", "val_loss") if key in record]
+            if not isinstance(step, int):
+                raise TypeError(f"iter is {step!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            if n == len(lines):  # no newline after it: cut short while it was written
+                break
+            reason = f"no {e}" if isinstance(e, KeyError) else str(e)[:80]
+            raise ConfigError(f"--curves: {path} line {n} is not a record of train.py ({reason}); delete the line "
+                              "or train the run again")
+        for key, loss in points:
+            (train if key == "loss" else val).append((step, loss))
+    if not train and not val:
+        raise ConfigError(f"--curves: {path} holds no loss yet; train.py logs one every --log_interval steps")
+    return {"folder": folder, "train": train, "val": val, "tokens_per_step": tokens_per_step(folder)}
+
+
+def tokens_per_step(folder):
+    """batch_size x gradient_accumulation_steps (the total over processes) x block_size from the run's ckpt.pt
+    (memory-mapped: the weights are not read), or None where there is no readable checkpoint."""
+    path = os.path.join(folder, "ckpt.pt")
+    if not os.path.isfile(path):
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        o = ckpt["train_config"]
+        return int(o["batch_size"] * o["gradient_accumulation_steps"] * ckpt["model_args"]["block_size"])
+    except Exception:  # a checkpoint of another version or a damaged one: plot against steps instead
+        return None
+
+
+def plot_curves(plt, runs, path):
+    """The training loss (thin line) and validation loss (dots) of every run, one colour per run, against tokens
+    seen, or against steps when a run's tokens per step are unknown. Returns the (closed) figure."""
+    tokens = all(r["tokens_per_step"] for r in runs)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colours = plt.get_cmap("tab10").colors
+    for i, r in enumerate(runs):
+        scale, colour = (r["tokens_per_step"] if tokens else 1), colours[i % 10]
+        if r["train"]:
+            ax.plot([s * scale for s, _ in r["train"]], [v for _, v in r["train"]], color=colour, linewidth=1,
+                    alpha=0.6, label=f"{r['label']}: training loss")
+        if r["val"]:
+            ax.plot([s * scale for s, _ in r["val"]], [v for _, v in r["val"]], "o-", color=colour, linewidth=2,
+                    markersize=4, label=f"{r['label']}: validation loss")
+    ax.set(xlabel="tokens seen" if tokens else "step (tokens per step unknown: no readable ckpt.pt)",
+           ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return fig
+
+
+def curves(args):
+    """--curves: the runs' curves in one PNG and one line per run."""
+    others = [f"--{k}" for k in ("logit_lens", "depth_map", "mc", "lm_eval") if getattr(args, k)]
+    if others:
+        raise ConfigError(f"--curves reads only the runs' logs; run {' '.join(others)} in a command of its own")
+    runs = [read_run_log(run) for run in args.curves]
+    names = [os.path.basename(os.path.abspath(r["folder"])) for r in runs]
+    for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name
+        r["label"] = name if names.count(name) == 1 else os.path.normpath(r["folder"])
+    for r in runs:
+        steps = max(s for s, _ in r["train"] + r["val"])
+        line = f"{r['label']}: {steps:,} steps"
+        if r["tokens_per_step"]:
+            line += f" ({steps * r['tokens_per_step']:,} tokens)"
+        if r["val"]:
+            line += f", last val loss {r['val'][-1][1]:.4f} (step {r['val'][-1][0]:,})"
+        if r["train"]:
+            line += f", last training loss {r['train'][-1][1]:.4f}"
+        print(line)
+    plt = import_pyplot() if args.plot is not False else None
+    if plt is None and args.plot is True:
+        raise ConfigError("--plot needs matplotlib: pip install matplotlib")
+    if plt is None:
+        if args.plot == "auto":
+            print("note: PNG skipped, matplotlib is not installed (pip install matplotlib)")
+        return
+    path = args.plot_path or os.path.join(runs[0]["folder"], "curves.png")
+    plot_curves(plt, runs, path)
+    print(f"curves: {path}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -577,6 +690,8 @@ def report(result, model, args):
 
 def main(argv):
     args = parse_args(argv)
+    if args.curves:
+        return curves(args)
     if args.lm_eval:
         import_lm_eval()  # fail before any work when it is missing
     mc_items = read_mc(args.mc) if args.mc else None
