@@ -145,7 +145,8 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
 
 
 def plot_logit_lens(plt, results, path):
-    """Seed 000 Figure 9: loss and p(correct) of every layer's logit lens, one curve per checkpoint."""
+    """The Vertical Attention paper's Figure 9: loss and p(correct) of every layer's logit lens, one curve per
+    checkpoint."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
         layers = [row["layer"] for row in r["logit_lens"]]
