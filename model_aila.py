@@ -1,6 +1,7 @@
 """
 AILA: Adaptive Integrated Layered Attention, Architectures 1 and 2, adapted to a causal language model.
-Paper: seeds/003_4b7c30c1de280e82.txt, "Adaptive Integrated Layered Attention (AILA)" (Claster, K M, Gundechia).
+Paper (the AILA paper): "Adaptive Integrated Layered Attention (AILA)" (William Claster, Suhas K M and Dhairya
+Gundechia, Northeastern University; no public code).
 
 The paper stacks 4 LSTM/conv layers; here a "layer" j = 1..L is one unchanged pre-norm block of model_vanilla.py:
     h~_j = Block_j(h_{j-1}),   h_0 = embedding output.

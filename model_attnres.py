@@ -1,15 +1,15 @@
 """
 Attention Residuals (AttnRes): every sublayer reads a learned softmax over depth instead of the residual sum.
 
-Paper: seed 002_ce1fa6a9e6251fcc.txt, "Open Attention Residuals: Replacing Additive Residuals with Learned
-Cross-Layer Attention" (Luo and Cai), an open reproduction of Kimi Team, "Attention Residuals" (arXiv 2603.15031).
-We implement the Kimi paper's definition.
+Paper (Open AttnRes): "Open Attention Residuals: Replacing Additive Residuals with Learned Cross-Layer Attention"
+(Cheng Luo and Zefan Cai, March 2025; code: github.com/wdlctc/open-attention-residuals), an open reproduction of
+Kimi Team, "Attention Residuals" (arXiv 2603.15031). We implement the Kimi paper's definition.
 
 Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the order attn_1, mlp_1, attn_2, ...
 Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix
     h_l = sum_i a_{l,i} v_i,    a_{l,i} = softmax_i( w_l . RMSNorm_l(v_i) )    (per token, over the sources i)
 w_l in R^d is a pseudo-query, zero at init (a uniform mix); RMSNorm_l is a key norm with its own weight g_l
-(init 1). No 1/sqrt(d), no recency bias, no gate (seed 002, lessons 3-4); the softmax runs in float32; the
+(init 1). No 1/sqrt(d), no recency bias, no gate (Open AttnRes, lessons 3-4); the softmax runs in float32; the
 values are the raw sources.
   attn_res="full":  v_0 = the token embedding, v_i = f_i (sublayer outputs, not cumulative states);
                     sublayer l reads v_0 .. v_{l-1}.
@@ -23,7 +23,7 @@ values are the raw sources.
                     checked. Full mode is block mode with one sublayer per block (b_n = f_n, the partial is never
                     read), and is implemented as exactly that.
 Output: one more mix with its own pseudo-query and key norm, over all block representations (full mode: all
-sources), feeds the final RMSNorm and the head, as in the Kimi paper. The seed-002 repository differs: it keeps a
+sources), feeds the final RMSNorm and the head, as in the Kimi paper. The Open AttnRes repository differs: it keeps a
 normal residual stream h = h + f and attends over snapshots of that stream (cumulative states). Here no residual
 stream exists; the sources are block sums of sublayer outputs.
 

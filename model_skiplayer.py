@@ -1,8 +1,10 @@
 """
-Skip-Layer Attention (SLA), and seed 000's ALA(-) baseline as an option.
+Skip-Layer Attention (SLA), and the Vertical Attention paper's ALA(-) baseline as an option.
 
-Paper: seed 001_984bc223411d18cc.txt, "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies
-in Transformers" (Chen et al., 2024). Baselines as seed 000 (000_871b86ab3602ad68.txt, section 4.1) used them.
+Paper (the SLA paper): "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies in Transformers", an
+anonymous ACL submission, cited as Chen et al., 2024 (arXiv 2406.11274); no public code (a listing in its
+appendix). Baselines as the Vertical Attention paper ("Vertical Attention: Automatic Exploration of Inter-Layer
+Connections in Transformer-Based Language Models", anonymous, section 4.1) used them.
 
 Everything is model_vanilla.py except which keys and values each query head attends to. With n_l = skip_layers,
 n_h = skip_heads, H query heads, layers l = 1..L, heads i = 1..H (the paper's equation):
@@ -20,12 +22,12 @@ Interpretations:
   l - n_l. If n_h cuts through a group, K and V are expanded to one head per query head for that layer; if
   every group reads one layer (always under MHA), K and V stay at H_kv heads and SDPA's GQA path is used.
 - skip_layers = skip_heads = -1 (default) resolve to the paper's recommendation round(3L/4), round(3H/4) with
-  Python's round (halves to even: L = 6 gives 4, as seed 000 chose for 50M). Seed 000's own settings, (4,1),
-  (6,3), (9,6) for 50m/100m/300m, are SIZE_DEFAULTS: train.py applies them with --size (or a recipe's size)
-  where the command line does not set skip_layers or skip_heads. skip_heads = 0 is model_vanilla.py.
+  Python's round (halves to even: L = 6 gives 4, as the Vertical Attention paper chose for 50M). That paper's
+  own settings, (4,1), (6,3), (9,6) for 50m/100m/300m, are SIZE_DEFAULTS: train.py applies them with --size (or a
+  recipe's size) where the command line does not set skip_layers or skip_heads. skip_heads = 0 is model_vanilla.py.
 - ALA(-): a head whose source would lie below layer 1 uses its own layer. With ala_every > 0 the SLA skip is
-  off, whatever skip_layers and skip_heads say (seed 000 ran them as separate baselines, ALA(-) with K = 2 at
-  every size: --ala_every 2).
+  off, whatever skip_layers and skip_heads say (the Vertical Attention paper ran them as separate baselines,
+  ALA(-) with K = 2 at every size: --ala_every 2).
 - Layers hand their post-RoPE (k, v) down through a list built in GPT.forward; with the key/value cache these
   are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
   is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads.

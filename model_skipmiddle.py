@@ -1,8 +1,9 @@
 """
 Skip-middle: learned middle-out layer skipping with gated attention.
 
-Paper: seed 004_3cd1f9dae099ddfa.txt, "Learning to Skip the Middle Layers of Transformers" (Lawson and
-Aitchison, 2025); their code is tim-lawson/skip-middle (MIT), "the reference" below.
+Paper (the skip-middle paper): "Learning to Skip the Middle Layers of Transformers" (Tim Lawson and Laurence
+Aitchison, University of Bristol, 2025); their code is github.com/tim-lawson/skip-middle (MIT), "the reference"
+below.
 The model is model_vanilla.py with these changes (blocks l = 0..L-1, h the residual stream entering block l,
 g_j the gate of token j):
     embedding:  x = RMSNorm(Embed(idx))                                        (the paper's input norm)

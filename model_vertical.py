@@ -1,8 +1,9 @@
 """
 Vertical Attention: a learned softmax over depth feeds every block a mix of all earlier layers' outputs.
 
-Paper: seeds/000_871b86ab3602ad68.txt, "Vertical Attention: Automatic Exploration of Inter-Layer Connections in
-Transformer-Based Language Models" (sections 3-4). The model is model_vanilla.py with one change in GPT.forward:
+Paper (the Vertical Attention paper): "Vertical Attention: Automatic Exploration of Inter-Layer Connections in
+Transformer-Based Language Models", by anonymous authors (under double-blind review; no public code), sections 3-4.
+The model is model_vanilla.py with one change in GPT.forward:
 block l (1-indexed) no longer reads the previous block's output but a per-token weighted average v^l of its sources
     h^1 = the embedding output,  h^i = the output of block i-1  (i = 2..l)
     alpha_l     = softmax(s_l),  s_l in R^l learned                                     (eqs. 1-2)
