@@ -161,7 +161,7 @@ def parse_simple(config_class, argv, doc):
     parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
     add_options(parser, config_class, "options")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
-    return validated(config_class(**values))
+    return validated(make_config(config_class, values))
 
 
 # ----------------------------------------------------------------------------------------------------------

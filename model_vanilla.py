@@ -49,6 +49,8 @@ def check_config(config):
             raise ValueError(f"{name} must be between {low} and {high}, not {value}")
         if low is not None and below is not None and not low <= value < below:
             raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
         if low is not None and value < low:
             raise ValueError(f"{name} must be {low} or more, not {value}")
         if high is not None and value > high:
