@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, ConfigError, autocast, hardware_name, load_checkpoint, load_model_module,
+from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, hardware_name, load_checkpoint,
+                    load_model_module,
                     main_boundary, option, parse_simple, resolve_device, resolve_dtype)
 from train import peak_flops
 
@@ -65,12 +66,12 @@ class BenchConfig:
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the training step")
-    json: str = option("", "also write the results to this JSON file")
+    json: str = option("", "also write the results to this JSON file", path=True)
     close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
                               "every later one for every token (blocks K to L-1-K skipped); -1 = as initialised", min=-1)
     checkpoint: str = option("", "time only generation with and without skipping, on this trained run (its "
-                             "out_dir), prompted with the start of its data set's val split from --data_dir")
-    data_dir: str = option("data", "--checkpoint: the folder of prepared data sets")
+                             "out_dir), prompted with the start of its data set's val split from --data_dir", path=True)
+    data_dir: str = option("data", "--checkpoint: the folder of prepared data sets", path=True)
 
 
 def saved_tensor_bytes(model, x, y):
@@ -174,6 +175,8 @@ def close_gates(model, first):
 
 def checkpoint_generation(args, device, ctx):
     """--checkpoint: skip_generation() on a trained run, greedy from the first 16 tokens of its val split."""
+    if not os.path.exists(checkpoint_path(args.checkpoint)):
+        raise ConfigError(f"--checkpoint {args.checkpoint}: no checkpoint there; pass the out_dir of a training run")
     model, _, ckpt = load_checkpoint(args.checkpoint, device)
     model.eval()
     meta = ckpt["meta"]

@@ -148,12 +148,24 @@ def make_config(config_class, values, source=""):
 
 
 def validated(config):
-    """config after check_config(), as a ConfigError."""
+    """config after check_config() and check_paths(), as a ConfigError."""
     try:
         check_config(config)
     except ValueError as e:
         raise ConfigError(str(e))
+    check_paths(config)
     return config
+
+
+def check_paths(config):
+    """The options declared with path=True name files or folders the file system can hold: no NUL byte, and no
+    part of the path longer than 255 bytes (the limit of common file systems)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        for path in (value if isinstance(value, tuple) else (value,)) if f.metadata.get("path") else ():
+            if "\0" in path or any(len(os.fsencode(part)) > 255 for part in path.replace(",", os.sep).split(os.sep)):
+                raise ConfigError(f"--{f.name} {path[:40]!r}...: no file or folder can have that name (a NUL byte, "
+                                  "or a part longer than 255 bytes); choose another")
 
 
 def parse_simple(config_class, argv, doc):
@@ -173,7 +185,7 @@ def model_names():
 
 def load_model_module(name):
     if name not in model_names():
-        raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(model_names())}")
+        raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(model_names())}")
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     return importlib.import_module(f"model_{name}")
@@ -251,7 +263,8 @@ def read_meta(data_dir, dataset):
     folder = os.path.join(data_dir, dataset)
     meta_path = os.path.join(folder, "meta.json")
     if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
-        raise ConfigError(f"no prepared data in {folder}; run `python prepare.py --dataset {dataset}` first")
+        raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); run "
+                          f"`python prepare.py --dataset {dataset}` first, or point --data_dir at its folder")
     try:
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)

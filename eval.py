@@ -41,8 +41,9 @@ from prepare import get_tokenizer
 
 @dataclass
 class EvalConfig:
-    out_dir: tuple = option(("out",), "run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in turn")
-    data_dir: str = option("", "folder of prepared data sets; '' = the one the run trained on")
+    out_dir: tuple = option(("out",), "run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in "
+                            "turn", path=True)
+    data_dir: str = option("", "folder of prepared data sets; '' = the one the run trained on", path=True)
     dataset: str = option("", "'' = the data set the run trained on")
     split: str = option("val", "the split to evaluate on", choices=("val", "train"))
     tokens: int = option(0, "evaluate the first N tokens of the split; 0 = all", min=0)
@@ -52,16 +53,18 @@ class EvalConfig:
     depth_map: bool = option(False, "print the model's depth_map() (and save out_dir/depth_map.png)")
     curves: tuple = option((), "plot the training and validation loss of these run folders from their log.jsonl, one "
                            "colour per run, to --plot_path or curves.png in the first of them (no checkpoint is "
-                           "evaluated)")
+                           "evaluated)", path=True)
     mc: str = option("", "few-shot multiple choice on this jsonl file: context/choices/label, or HellaSwag "
-                     "(ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
+                     "(ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)",
+                     path=True)
     k_shot: int = option(4, "solved examples before each question (--mc, --lm_eval)", min=0)
     mc_limit: int = option(0, "score the first N questions only (--mc, --lm_eval); 0 = all", min=0)
     seed: int = option(1337, "draws the --k_shot examples", min=0, max=2**32 - 1)
-    lm_eval: str = option("", "lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, or task .yaml files")
+    lm_eval: str = option("", "lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, or task .yaml files",
+                          path=True)
     plot: str = option("auto", "save PNGs: auto = when matplotlib is installed, true, false",
                        choices=("auto", "true", "false"))
-    plot_path: str = option("", "the logit lens figure; '' = logit_lens.png in the first out_dir")
+    plot_path: str = option("", "the logit lens figure; '' = logit_lens.png in the first out_dir", path=True)
     json: bool = option(False, "print the results as one JSON object per checkpoint, one per line")
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)

@@ -144,7 +144,7 @@ def file_documents(paths, text_field):
     datasets = need("datasets", "--files")
     for path in paths:  # check every file before tokenizing any
         if not os.path.isfile(path):
-            raise ConfigError(f"no such file: {path}")
+            raise ConfigError(f"--files: no such file: {path}")
         if Path(path).suffix.lower() not in BUILDERS:
             raise ConfigError(f"cannot read {path}: --files takes {', '.join(BUILDERS)} files")
 
@@ -200,15 +200,16 @@ class PrepareConfig:
     dataset: str = option("shakespeare", "shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and "
                           "openwebtext stream from the Hugging Face hub", choices=("shakespeare", *WEB_DATASETS))
     files: tuple = option((), "local .txt/.json/.jsonl/.parquet files, instead of --dataset; each name is read as "
-                          "it is (your shell expands patterns)")
+                          "it is (your shell expands patterns)", path=True)
     text_field: str = option("text", "the text column of .json/.jsonl/.parquet files")
     tokenizer: str = option("byte", "byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257",
                             choices=("byte", "gpt2"))
     max_tokens: int = option(100_000_000, "stop after the document that reaches this many tokens; 0 = no limit", min=0)
     val_fraction: float = option(0.01, "share of documents for validation", above=0, below=1)
     seed: int = option(42, "seeds the choice of validation documents", min=0, max=2**32 - 1)
-    out_dir: str = option("data", "writes OUT_DIR/NAME/{train,val}.bin and meta.json")
-    name: str = option("", "the data set's folder inside out_dir; '' = the data set's name, or the first file's stem")
+    out_dir: str = option("data", "writes OUT_DIR/NAME/{train,val}.bin and meta.json", path=True)
+    name: str = option("", "the data set's folder inside out_dir; '' = the data set's name, or the first file's stem",
+                       path=True)
     num_proc: int = option(min(8, os.cpu_count() or 1), "tokenizer processes", min=1)
 
     def __post_init__(self):

@@ -16,7 +16,7 @@ from prepare import get_tokenizer
 
 @dataclass
 class SampleConfig:
-    out_dir: str = option("out", "the run folder holding ckpt.pt (or a path to a .pt file)")
+    out_dir: str = option("out", "the run folder holding ckpt.pt (or a path to a .pt file)", path=True)
     start: str = option("\n", "the prompt, or FILE:path to read it from a file; a prompt of whitespace only is "
                         "not printed")
     num_samples: int = option(3, "samples to draw", min=1)

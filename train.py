@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from common import (SIZES, ArgumentParser, ConfigError, HelpFormatter, add_options, autocast, build_model,
-                    check_config,
+                    check_config, check_paths,
                     explicit_options, load_model_module, load_state, main_boundary, make_config, model_names,
                     open_split, option, read_checkpoint, read_config_file, read_meta, resolve_device, resolve_dtype,
                     split_config_files, split_tokens, windows)
@@ -47,12 +47,12 @@ PEAK_FLOPS = [
 class TrainConfig:
     # I/O
     model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
-    out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl")
+    out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
     resume: bool = option(False, "continue the run saved in out_dir")
     size: str = option("", "a shape of the Vertical Attention paper's Table 2 with the model file's SIZE_DEFAULTS; "
                        "'' = the model file's own defaults", choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
-    data_dir: str = option("data", "the folder of prepared data sets")
+    data_dir: str = option("data", "the folder of prepared data sets", path=True)
     # optimisation
     max_iters: int = option(1000, "optimiser steps in all", min=0)
     batch_size: int = option(16, "sequences per micro-step per process", min=1)
@@ -130,6 +130,7 @@ def parse_args(argv):
     except (ValueError, TypeError) as e:
         name = str(e).split()[0][2:] if str(e).startswith("--") else ""
         raise ConfigError(f"{e}{where(name)}")
+    check_paths(cfg)
     return cfg, model_args, module, explicit
 
 
@@ -202,8 +203,11 @@ def read_run(cfg, model_args, explicit, meta):
 
 def lock_out_dir(out_dir):
     """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
-    os.makedirs(out_dir, exist_ok=True)
-    handle = open(os.path.join(out_dir, ".lock"), "a")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(os.path.join(out_dir, ".lock"), "a")
+    except OSError as e:
+        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
     try:
         import fcntl
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -393,9 +397,12 @@ def main(argv):
     try:  # one forward pass, in eval mode (no dropout draws): a model that cannot run fails here
         raw_model.eval()
         with torch.no_grad(), ctx:
-            raw_model(x.to(device), y.to(device))
+            _, loss = raw_model(x.to(device), y.to(device))
     except torch.OutOfMemoryError:
         raise ConfigError(f"a batch of {B} x {T} tokens does not fit in {device}'s memory; lower --batch_size")
+    if not math.isfinite(loss.item()):
+        raise ConfigError(diverged("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
+                                   saved_step))
     raw_model.train()
     if hasattr(raw_model, "stats"):
         raw_model.stats()  # drops what the model recorded of that pass; collective under DDP

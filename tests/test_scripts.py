@@ -79,7 +79,7 @@ def test_eval_whole_split_and_logit_lens(run_dir, data_dir):
 # ---- bad input: one line naming the fix, non-zero exit, nothing saved lost ---------------------------------
 
 def test_unknown_model():
-    one_line_error(run("train.py", "--model", "nope"), "unknown model", "vanilla")
+    one_line_error(run("train.py", "--model", "nope"), "unknown --model", "vanilla")
 
 
 def test_unknown_option_and_wrong_type():
