@@ -29,6 +29,13 @@ from model_vanilla import check_config, option  # noqa: F401 (option: the script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# dense bf16 peak FLOP/s by GPU name, for MFU; the first name found in the device's name wins
+PEAK_FLOPS = [
+    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
+]
+
 # size presets from the Vertical Attention paper's Table 2 (its names; the counts change with the vocabulary)
 SIZES = {
     "50m": dict(n_embd=192, ffn_hidden=768, n_head=3, n_layer=6, n_kv_head=1),
@@ -244,6 +251,15 @@ def autocast(device, dtype):
     return nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def peak_flops(device, given):
+    if given > 0:
+        return given
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((flops for key, flops in PEAK_FLOPS if key in name), 0.0)
+    return 0.0  # unknown: MFU is not reported
+
+
 def hardware_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -296,6 +312,22 @@ def split_tokens(data_dir, dataset, split, meta):
         raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
                           f"{REDO}")
     return n
+
+
+def check_splits(data_dir, dataset, meta, block_size, vocab_size):
+    """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
+    for split in ("train", "val"):
+        n = split_tokens(data_dir, dataset, split, meta)
+        if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
+            raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
+                              f"{block_size}; lower --block_size to {max(1, n - 2)} or less, or prepare more data")
+        data = open_split(data_dir, dataset, split, meta)
+        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
+        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
+        if top >= vocab_size:
+            raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
+                              f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
+                              "again to remake the data set")
 
 
 def open_split(data_dir, dataset, split, meta):
@@ -366,3 +398,62 @@ def describe_run(ckpt):
         return "step unknown"
     tokens = ckpt.get("tokens_seen")
     return f"step {step:,}" + (f", {tokens:,} tokens seen" if tokens is not None else "")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run folder train.py writes: a lock, an append-only log, atomic checkpoints
+
+def lock_out_dir(out_dir):
+    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(os.path.join(out_dir, ".lock"), "a")
+    except OSError as e:
+        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
+    try:
+        import fcntl
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass  # no fcntl (Windows): no lock
+    except OSError:
+        handle.close()
+        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
+    return handle
+
+
+def settle_log(out_dir, resume_step):
+    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
+    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
+    log_path = os.path.join(out_dir, "log.jsonl")
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
+    if not os.path.exists(log_path):
+        return
+    keep, move = [], []
+    with open(log_path, "rb") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["iter"]
+            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+                step = None
+            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
+            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
+    if move:
+        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
+            f.writelines(move)
+    with open(log_path + ".tmp", "wb") as f:
+        f.writelines(keep)
+    os.replace(log_path + ".tmp", log_path)
+
+
+def save_checkpoint(path, ckpt):
+    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
+    tmp = path + ".tmp"
+    try:
+        torch.save(ckpt, tmp)
+    except (OSError, RuntimeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
+                          "or choose another --out_dir; the previous checkpoint is kept")
+    os.replace(tmp, path)

@@ -30,18 +30,10 @@ from dataclasses import dataclass
 import torch
 
 from common import (SIZES, ArgumentParser, ConfigError, HelpFormatter, add_options, autocast, build_model,
-                    check_config, check_paths,
-                    explicit_options, load_model_module, load_state, main_boundary, make_config, model_names,
-                    open_split, option, read_checkpoint, read_config_file, read_meta, resolve_device, resolve_dtype,
-                    split_config_files, split_tokens, windows)
-
-# dense bf16 peak FLOP/s by GPU name, for MFU; the first name found in the device's name wins
-PEAK_FLOPS = [
-    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12),
-    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
-    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
-]
-
+                    check_config, check_paths, check_splits, explicit_options, load_model_module, load_state,
+                    lock_out_dir, main_boundary, model_names, open_split, option, peak_flops, read_checkpoint, read_config_file,
+                    read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log, split_config_files,
+                    windows)
 
 @dataclass
 class TrainConfig:
@@ -155,23 +147,6 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
                           f"--tokenizer {trained['tokenizer']}")
 
 
-def check_data(cfg, meta, model_args):
-    """Both splits are whole, long enough for block_size, and hold only ids the model can embed."""
-    T, vocab = model_args["block_size"], model_args["vocab_size"]
-    for split in ("train", "val"):
-        n = split_tokens(cfg.data_dir, cfg.dataset, split, meta)
-        if n < T + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
-            raise ConfigError(f"the {split} split of {cfg.dataset} holds {n} tokens, too few for --block_size {T}; "
-                              f"lower --block_size to {max(1, n - 2)} or less, or prepare more data")
-        data = open_split(cfg.data_dir, cfg.dataset, split, meta)
-        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
-        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
-        if top >= vocab:
-            raise ConfigError(f"{os.path.join(cfg.data_dir, cfg.dataset, split + '.bin')} holds token id {top} but "
-                              f"the model's vocab_size is {vocab} (meta.json: {meta['vocab_size']}); run prepare.py "
-                              "again to remake the data set")
-
-
 def read_run(cfg, model_args, explicit, meta):
     """The checkpoint to continue (None for a new run) and the model options, after checking out_dir."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
@@ -199,65 +174,6 @@ def read_run(cfg, model_args, explicit, meta):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the run's folder: a lock, and an append-only log
-
-def lock_out_dir(out_dir):
-    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        handle = open(os.path.join(out_dir, ".lock"), "a")
-    except OSError as e:
-        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
-    try:
-        import fcntl
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass  # no fcntl (Windows): no lock
-    except OSError:
-        handle.close()
-        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
-    return handle
-
-
-def settle_log(out_dir, resume_step):
-    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
-    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
-    log_path = os.path.join(out_dir, "log.jsonl")
-    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
-        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
-    if not os.path.exists(log_path):
-        return
-    keep, move = [], []
-    with open(log_path, "rb") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["iter"]
-            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-                step = None
-            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
-            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
-    if move:
-        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
-            f.writelines(move)
-    with open(log_path + ".tmp", "wb") as f:
-        f.writelines(keep)
-    os.replace(log_path + ".tmp", log_path)
-
-
-def save_checkpoint(path, ckpt):
-    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
-    tmp = path + ".tmp"
-    try:
-        torch.save(ckpt, tmp)
-    except (OSError, RuntimeError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
-                          "or choose another --out_dir; the previous checkpoint is kept")
-    os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------------------------------------
 # the pieces of a step
 
 def lr_factor(it, cfg):
@@ -271,15 +187,6 @@ def lr_factor(it, cfg):
         return floor
     progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
-
-
-def peak_flops(device, given):
-    if given > 0:
-        return given
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((flops for key, flops in PEAK_FLOPS if key in name), 0.0)
-    return 0.0  # unknown: MFU is not reported
 
 
 def train_offsets(n_tokens, T, seed, step, n_windows):
@@ -350,6 +257,65 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step):
             f"or use --dtype float32; {kept}")
 
 
+def make_optimizer(raw_model, cfg, device):
+    """AdamW over the model's own parameter groups (a group may bring its own lr: vertical's scores)."""
+    groups = raw_model.param_groups(cfg.weight_decay)
+    for g in groups:
+        g.setdefault("lr", cfg.learning_rate)
+        g["base_lr"] = g["lr"]  # the schedule scales every group's own lr by the same factor
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
+                             fused=device.type == "cuda")
+
+
+def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, device, ctx):
+    """One forward pass before anything is written, in eval mode (no dropout draws): a batch that does not fit, or a
+    model whose loss is not finite from the start, fails here. What the model recorded of it is dropped."""
+    train = open_split(cfg.data_dir, cfg.dataset, "train", meta)
+    T = model_args["block_size"]
+    x, y = windows(train, train_offsets(len(train), T, cfg.seed, iter_num, cfg.batch_size), T)
+    raw_model.eval()
+    try:
+        with torch.no_grad(), ctx:
+            _, loss = raw_model(x.to(device), y.to(device))
+    except torch.OutOfMemoryError:
+        raise ConfigError(f"a batch of {cfg.batch_size} x {T} tokens does not fit in {device}'s memory; lower "
+                          "--batch_size")
+    if not math.isfinite(loss.item()):
+        raise ConfigError(diverged("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit, None))
+    raw_model.train()
+    if hasattr(raw_model, "stats"):
+        raw_model.stats()  # collective under DDP
+
+
+def optimizer_step(model, raw_model, optimizer, factor, cfg, meta, iter_num, rank, world, accum, T, device, ctx):
+    """accum micro-steps per process on this step's windows, gradients all-reduced on the last one; returns the
+    step's mean loss (a tensor: reading it would synchronise the GPU)."""
+    for g in optimizer.param_groups:
+        g["lr"] = g["base_lr"] * factor
+    B = cfg.batch_size
+    train = open_split(cfg.data_dir, cfg.dataset, "train", meta)
+    offsets = train_offsets(len(train), T, cfg.seed, iter_num, world * accum * B)
+    step_loss = torch.zeros((), device=device)
+    for micro in range(accum):
+        first = (rank * accum + micro) * B
+        x, y = windows(train, offsets[first:first + B], T)
+        sync = world == 1 or micro == accum - 1
+        with (nullcontext() if sync else model.no_sync()), ctx:
+            _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            loss = loss / accum
+        loss.backward()
+        step_loss += loss.detach()
+    if world > 1:
+        torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if hasattr(raw_model, "after_step"):
+        raw_model.after_step()  # collective under DDP (skipmiddle's controller all-reduces its statistics)
+    return step_loss
+
+
 # ----------------------------------------------------------------------------------------------------------
 
 def main(argv):
@@ -357,67 +323,44 @@ def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    accum_total = cfg.gradient_accumulation_steps or world  # not given: one micro-step per process
-    if accum_total % world:
-        raise ConfigError(f"--gradient_accumulation_steps {accum_total} is not a multiple of the {world} processes; "
-                          "make it one, or leave it out (one micro-step per process)")
+    accum = (cfg.gradient_accumulation_steps or world) // world  # micro-steps per process; not given: one
+    if (cfg.gradient_accumulation_steps or world) % world:
+        raise ConfigError(f"--gradient_accumulation_steps {cfg.gradient_accumulation_steps} is not a multiple of the "
+                          f"{world} processes; make it one, or leave it out (one micro-step per process)")
     device = resolve_device(cfg.device)
-    if device.type == "cuda" and world > 1:
-        if local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"torchrun starts more processes per node than the {torch.cuda.device_count()} GPU(s) "
-                              "here; lower --nproc_per_node")
-        device = torch.device(f"cuda:{local_rank}")
+    if device.type == "cuda" and world > 1:  # one GPU per process
+        device = resolve_device(f"cuda:{local_rank}")
     dtype = resolve_dtype(cfg.dtype, device)
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
     ckpt, model_args = read_run(cfg, model_args, explicit, meta)
-    check_data(cfg, meta, model_args)
+    check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
     if world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                             **({"device_id": device} if device.type == "cuda" else {}))
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed + rank)
     raw_model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
-    groups = raw_model.param_groups(cfg.weight_decay)
-    for g in groups:
-        g.setdefault("lr", cfg.learning_rate)
-        g["base_lr"] = g["lr"]  # the schedule scales every group's own lr by the same factor
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                                  fused=device.type == "cuda")
+    optimizer = make_optimizer(raw_model, cfg, device)
     iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:
         restore(raw_model, optimizer, ckpt, cfg, rank, device)
         iter_num = saved_step = ckpt["iter_num"]
         best_val = ckpt["best_val_loss"]
-    ctx, T, B, accum = autocast(device, dtype), model_args["block_size"], cfg.batch_size, accum_total // world
-    train = open_split(cfg.data_dir, cfg.dataset, "train", meta)
-    x, y = windows(train, train_offsets(len(train), T, cfg.seed, iter_num, 1), T)
-    try:  # one forward pass, in eval mode (no dropout draws): a model that cannot run fails here
-        raw_model.eval()
-        with torch.no_grad(), ctx:
-            _, loss = raw_model(x.to(device), y.to(device))
-    except torch.OutOfMemoryError:
-        raise ConfigError(f"a batch of {B} x {T} tokens does not fit in {device}'s memory; lower --batch_size")
-    if not math.isfinite(loss.item()):
-        raise ConfigError(diverged("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
-                                   saved_step))
-    raw_model.train()
-    if hasattr(raw_model, "stats"):
-        raw_model.stats()  # drops what the model recorded of that pass; collective under DDP
+    ctx, T, B = autocast(device, dtype), model_args["block_size"], cfg.batch_size
+    check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, device, ctx)
 
     # ---- the run: from here on it may write to out_dir
-    master = rank == 0
-    lock = lock_out_dir(cfg.out_dir) if master else None
-    if master:
+    lock = lock_out_dir(cfg.out_dir) if rank == 0 else None
+    if rank == 0:
         settle_log(cfg.out_dir, saved_step)
     model = torch.compile(raw_model) if cfg.compile else raw_model
     eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
-    log = Log(cfg, model_args, master, raw_model, world, accum, B, T, device, dtype, iter_num)
+    log = Log(cfg, model_args, rank == 0, raw_model, world, accum, B, T, device, dtype, iter_num)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the run like Ctrl-C: in one line
     try:
         while True:
@@ -427,12 +370,12 @@ def main(argv):
                 val_loss = evaluate(eval_model, val, T, cfg.eval_iters * B, B, rank, world, device, ctx)
                 if not math.isfinite(val_loss):
                     raise ConfigError(diverged("validation loss", val_loss, iter_num, cfg, model_args, explicit,
-                                                    saved_step))
+                                               saved_step))
                 best_val = min(best_val, val_loss)
                 stats = raw_model.stats() if hasattr(raw_model, "stats") else {}  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
                 rng = rng_states(device, world)  # collective under DDP
-                if master:
+                if rank == 0:
                     save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
                         "model_name": cfg.model, "model_args": model_args, "train_config": dataclasses.asdict(cfg),
                         "run": log.run, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -442,31 +385,11 @@ def main(argv):
             if iter_num >= cfg.max_iters:
                 break
 
-            # ---- one optimiser step: accum micro-steps per process, gradients all-reduced on the last
+            # ---- one optimiser step
             t0 = time.time()
             factor = lr_factor(iter_num, cfg)
-            for g in optimizer.param_groups:
-                g["lr"] = g["base_lr"] * factor
-            train = open_split(cfg.data_dir, cfg.dataset, "train", meta)
-            offsets = train_offsets(len(train), T, cfg.seed, iter_num, world * accum * B)
-            step_loss = torch.zeros((), device=device)
-            for micro in range(accum):
-                mine = offsets[(rank * accum + micro) * B:(rank * accum + micro + 1) * B]
-                x, y = windows(train, mine, T)
-                sync = world == 1 or micro == accum - 1
-                with (nullcontext() if sync else model.no_sync()), ctx:
-                    _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-                    loss = loss / accum
-                loss.backward()
-                step_loss += loss.detach()
-            if world > 1:
-                torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if hasattr(raw_model, "after_step"):
-                raw_model.after_step()  # collective under DDP (skipmiddle's controller all-reduces its statistics)
+            step_loss = optimizer_step(model, raw_model, optimizer, factor, cfg, meta, iter_num, rank, world, accum,
+                                       T, device, ctx)
             iter_num += 1
 
             # ---- log: the loss is read only here, so that the GPU is not synchronised every step
@@ -488,7 +411,7 @@ def main(argv):
 
 
 class Log:
-    """log.jsonl (append-only), the progress bar, wandb; tokens/s and MFU over the steps since the last record."""
+    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the steps since the last record."""
 
     def __init__(self, cfg, model_args, master, raw_model, world, accum, B, T, device, dtype, start):
         from tqdm import tqdm
@@ -497,33 +420,28 @@ class Log:
         self.run = {"world": world, "gradient_accumulation_steps": world * accum, "device": str(device),
                     "dtype": dtype, "tokens_per_step": self.tokens_per_step}
         self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(device, cfg.peak_flops) * world
-        self.seconds, self.tokens = 0.0, 0
+        self.seconds, self.tokens, self.wandb = 0.0, 0, None
         self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not master, dynamic_ncols=True)
-        self.wandb = None
         if master:
-            n_params = sum(p.numel() for p in raw_model.parameters())
-            print(f"model_{cfg.model}.py: {n_params:,} parameters | {world} process(es) x {accum} micro-steps x "
-                  f"{B} x {T} tokens | {device} {dtype}")
-            if cfg.wandb_log:
-                import wandb
-                self.wandb = wandb
-                wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
-                           config={**dataclasses.asdict(cfg), **model_args})
+            self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
+                           f"{world} process(es) x {accum} micro-steps x {B} x {T} tokens | {device} {dtype}")
+        if master and cfg.wandb_log:
+            import wandb
+            self.wandb = wandb
+            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
+                       config={**dataclasses.asdict(cfg), **model_args})
 
     def step_done(self, seconds, device):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        self.seconds += seconds
-        self.tokens += self.tokens_per_step
+        self.seconds, self.tokens = self.seconds + seconds, self.tokens + self.tokens_per_step
         self.bar.update(1)
 
     def train_record(self, step, loss, lr):
         tok_s = self.tokens / self.seconds
-        record = {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s}
-        if self.peak:
-            record["mfu"] = self.flops * tok_s / self.peak
         self.seconds, self.tokens = 0.0, 0
-        return record
+        return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
+                **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
 
     def write(self, record, show=False):
         if not self.master:
