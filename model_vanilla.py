@@ -12,6 +12,25 @@ residual stream (attn.wo, mlp.w2) use 0.02 / sqrt(2L) so that the stream's varia
 
 The other model_*.py files are copies of this file that change only what their method changes; MODIFIED
 lists, in each of them, the components that differ from this file (tests/test_identical.py checks the rest).
+
+The contract every model file keeps (train.py, sample.py, eval.py and bench.py rely on nothing else;
+tests/test_contract.py checks it for every file and each of its VARIANTS):
+    GPTConfig                 a dataclass of option() fields: default, --help text and constraints, checked by
+                              check_config() in __post_init__ with the file's own cross-field rules (ValueError
+                              naming the option); train.py makes every field a command-line option.
+    GPT(config)               forward(idx, targets=None, cache=None, return_hidden=False) -> (logits, loss) with
+                              logits (B, T, vocab); loss includes the method's auxiliary loss in training;
+                              return_hidden adds every block's output (the logit lens).
+    GPT.param_groups(wd)      AdamW groups; a group may carry its own lr (vertical's scores).
+    GPT.generate(idx, n, temperature, top_k, top_p, use_cache)   greedy with the cache == without it.
+    GPT.flops_per_token(T)    training FLOPs per token, from the matmuls the model does (MFU).
+Optional, present only where a method needs them:
+    after_step()              called after every optimiser step; COLLECTIVE under DDP (every rank calls it).
+    stats()                   numbers worth logging (map entropy, gate sparsity); COLLECTIVE under DDP.
+    depth_map()               the learned cross-layer weights, rows x sources, for eval.py --depth_map.
+    SIZE_DEFAULTS, VARIANTS   the method's settings per --size; configurations the contract suite also tests.
+    SKIPS = True              generate(skip=...) and forward_skip() really skip blocks (skipmiddle).
+State such a hook keeps is saved in checkpoints and identical on every rank.
 """
 import math
 from dataclasses import dataclass, field, fields
