@@ -43,7 +43,8 @@ import numpy as np
 import torch
 
 from eval import evaluate_split, import_pyplot
-from train import main as train_main
+from train import main as train_main  # train.py's entry point, called in-process
+# train.py's shared helpers, all through this one line (where they move, only it changes)
 from train import (SIZES, TRAIN_DEFAULTS, ArgumentParser, ConfigError, fail, load_checkpoint, load_model_module,
                    read_meta, str2bool)
 
@@ -172,7 +173,7 @@ def parse_args(argv):
                    help="'' = the main table; else a comma-separated list of " + ", ".join(ABLATIONS) +
                         " (or all): their runs seed by seed, so that every ablation gets its first seed first")
     p.add_argument("--runs", default="", help="comma-separated labels to train; '' = all of the sweep's (main: " +
-                   ", ".join(r[0] for r in RUNS) + "); vanilla (main) and the reference labels always")
+                   ", ".join(r[0] for r in RUNS) + "); vanilla is always trained where the sweep has it")
     p.add_argument("--size", default="small", choices=["small", *SIZES],
                    help="model shape: a preset, or small = the model files' default (the CPU shape)")
     p.add_argument("--n_layer", type=int, default=0, help="number of layers; 0 = the --size shape's")
@@ -716,7 +717,7 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
     for i, panel in enumerate(panels):
         ax = all_axes[0][i]
         stat = panel == sweep.get("stat")
-        points = {}  # (series) -> [(x, label)]
+        points = {}  # series -> label -> [(x, run), ...]
         for r in runs:
             for axis, series, x in xs[r["key"]]:
                 if axis == (axes[0] if stat else panel):
@@ -734,7 +735,7 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
                         color=series_colours[k % 10], label=series)
             for x, y, text in zip(xm, ym, texts):
                 ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=7)
-        if stat and sweep.get("stat"):
+        if stat:
             init = init_stat(sweep, configs)
             if init is not None:
                 ax.axhline(init, color="grey", linestyle=":", label=f"at initialisation ({init:.2f})")
@@ -768,15 +769,15 @@ def annotation(sweep, config, group, label):
     middle = sum(1 for k in stats[0] if re.fullmatch(r"gate\d+_zero", k)) - 1
     zero = statistics.fmean(s.get(f"gate{middle}_zero", math.nan) for s in stats)
     ratio = statistics.fmean(s.get("est_flops_ratio", math.nan) for s in stats)
-    target = "none" if config.gate_gamma == 0 else f"{config.gate_target:g}"
-    return f"target {target}: middle gate {zero:.0%} zero, x{ratio:.2f} FLOPs"
+    target = "no control" if config.gate_gamma == 0 else f"target {config.gate_target:g}"
+    return f"{target}: middle gate {zero:.0%} zero, x{ratio:.2f} FLOPs"
 
 
 def init_stat(sweep, configs):
-    """The ablation's stat at initialisation (vertical's map entropy: a uniform map), from an untrained model."""
-    label = next(label for label, name, _ in sweep["points"] if name != "vanilla")
-    model = load_model_module(next(n for l, n, _ in sweep["points"] if l == label)).GPT(configs[label])
-    return model.stats().get(sweep["stat"])
+    """The ablation's stat at initialisation (vertical's map entropy), from an untrained model of its first point
+    other than vanilla."""
+    label, name, _ = next(p for p in sweep["points"] if p[1] != "vanilla")
+    return load_model_module(name).GPT(configs[label]).stats().get(sweep["stat"])
 
 
 if __name__ == "__main__":
