@@ -14,6 +14,7 @@ import bench
 import eval as evalpy
 import prepare
 import sample
+import sweep
 import train
 from common import load_model_module, model_names
 from conftest import ROOT
@@ -47,6 +48,9 @@ def cases():
         out.append(("bench.py", f.name, f.type, ["--size=small", "--runs=vanilla", "--block_size=8", "--batch_size=1",
                                                  "--warmup=0", "--iters=1", "--repeats=1", "--sample_tokens=1",
                                                  "--vocab_size=64", "--device=cpu"]))
+    for f in dataclasses.fields(sweep.SweepConfig):
+        out.append(("sweep.py", f.name, f.type, ["--table_only", "--data_dir={data}", "--results=res", "--reuse=",
+                                                 "--device=cpu"]))
     for f in dataclasses.fields(prepare.PrepareConfig):
         out.append(("prepare.py", f.name, f.type, ["--files={text}", "--num_proc=1", "--out_dir=data"]))
     return out
