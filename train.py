@@ -361,7 +361,7 @@ def main(argv):
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
     log = Log(cfg, model_args, rank == 0, raw_model, world, accum, B, T, device, dtype, iter_num)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the run like Ctrl-C: in one line
+    sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the run like Ctrl-C
     try:
         while True:
             # ---- evaluate and checkpoint once in a while (a resumed run has both for its first step already)
@@ -404,6 +404,7 @@ def main(argv):
         raise ConfigError(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
     finally:
         log.close()
+        signal.signal(signal.SIGTERM, sigterm)
         if lock is not None:
             lock.close()
     if world > 1:

@@ -50,7 +50,9 @@ def cases():
                                                  "--vocab_size=64", "--device=cpu"]))
     for f in dataclasses.fields(sweep.SweepConfig):
         out.append(("sweep.py", f.name, f.type, ["--table_only", "--data_dir={data}", "--results=res", "--reuse=",
-                                                 "--device=cpu"]))
+                                                 "--runs_dir=runs", "--runs=vanilla", "--n_layer=1", "--block_size=8",
+                                                 "--batch_size=1", "--train_iters=1", "--eval_points=1", "--seeds=1",
+                                                 "--train_args=--eval_iters=1", "--device=cpu"]))
     for f in dataclasses.fields(prepare.PrepareConfig):
         out.append(("prepare.py", f.name, f.type, ["--files={text}", "--num_proc=1", "--out_dir=data"]))
     return out
