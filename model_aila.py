@@ -73,6 +73,8 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE
+    head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
     aila_arch: int = 2  # 2: attention over earlier layers (paper's Architecture 2); 1: linear (Architecture 1)
     aila_heads: int = 1  # heads of the cross-layer mixing (paper: 1)
     aila_dk: int = 64  # arch 2: query/key/value width per head (paper: 64)
@@ -111,7 +113,7 @@ class KVCache:
     """Keys and values of every layer for the tokens seen so far, for generation."""
 
     def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
+        head_dim = config.head_dim or config.n_embd // config.n_head
         shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -138,22 +140,25 @@ def attention_mask(T, Tk, past, device):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.n_embd // config.n_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
         self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
         self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin, cache=None):
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         past = 0
         if cache is not None:
             past = cache.pos
@@ -162,7 +167,7 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
             q, k, v, attn_mask=mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
         return self.wo(y)
 
 
@@ -262,7 +267,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        cos, sin = rope_tables(config.head_dim or config.n_embd // config.n_head, config.block_size,
+                               config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
@@ -334,7 +340,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
         c = self.config
-        hd = c.n_embd // c.n_head
+        hd = c.head_dim or c.n_embd // c.n_head
         linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         pairs = c.n_layer * (c.n_layer + 1) // 2  # (layer, source) pairs

@@ -471,9 +471,12 @@ def check_model_args(model_args):
         if model_args[name] < 1:
             raise ConfigError(f"--{name} must be 1 or more, not {model_args[name]}")
     n_embd, n_head, n_kv_head = model_args["n_embd"], model_args["n_head"], model_args["n_kv_head"]
-    if n_embd % n_head or n_head % n_kv_head or (n_embd // n_head) % 2:
+    head_dim = model_args["head_dim"]  # 0: n_embd // n_head
+    if head_dim < 0 or head_dim % 2:
+        raise ConfigError(f"--head_dim must be even, or 0 for n_embd // n_head, not {head_dim}")
+    if (not head_dim and (n_embd % n_head or (n_embd // n_head) % 2)) or n_head % n_kv_head:
         raise ConfigError(f"n_embd {n_embd}, n_head {n_head}, n_kv_head {n_kv_head} do not fit: n_head must divide "
-                          "n_embd into an even head size, and n_kv_head must divide n_head")
+                          "n_embd into an even head size (or set --head_dim), and n_kv_head must divide n_head")
     if not 0 <= model_args["dropout"] < 1:
         raise ConfigError(f"--dropout must be at least 0 and below 1, not {model_args['dropout']}")
 
