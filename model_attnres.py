@@ -9,8 +9,8 @@ Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the or
 Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix
     h_l = sum_i a_{l,i} v_i,    a_{l,i} = softmax_i( w_l . RMSNorm_l(v_i) )    (per token, over the sources i)
 w_l in R^d is a pseudo-query, zero at init (a uniform mix); RMSNorm_l is a key norm with its own weight g_l
-(init 1). No 1/sqrt(d), no recency bias, no gate (seed 002, lessons 3-4); the softmax runs in float32; the
-values are the raw sources.
+(init 1). No 1/sqrt(d), no gate, and by default no recency bias (seed 002, lessons 3-4); the softmax runs in
+float32; the values are the raw sources.
   attn_res="full":  v_0 = the token embedding, v_i = f_i (sublayer outputs, not cumulative states);
                     sublayer l reads v_0 .. v_{l-1}.
   attn_res="block": the 2L sublayers form n_blocks blocks of consecutive sublayers (default 4). Sources: b_0 =
@@ -52,11 +52,21 @@ Interpretations:
   records in a plain attribute: like a logged loss they are per rank and not saved in checkpoints (the map
   depends on the input, not only on the weights). Row 0 (the first attention) reads only the embedding, so its
   weight is always 1 and its w and g get no gradient; they are kept so that every sublayer is alike.
+- Recency bias (seed 002's Experiment 2, continued pretraining of Qwen3 models: "bias=0 frozen", "bias=3
+  learnable"): recency_bias b is added to each mix's logit of its most recent source, the open block's partial
+  sum while it is non-empty, else the newest completed source (the output mix included; for the first attention,
+  whose only source is the embedding, it changes nothing). recency_bias_learnable makes b one scalar parameter
+  per mix (2L + 1 in all, no weight decay) starting at recency_bias; otherwise b is a constant outside the state
+  dict, and b = 0, the default, is no bias at all: seed 002's best fine-tuning runs ("bias=0 frozen", zero-init
+  pseudo-queries) are this file's defaults. Seed 002's repository adds the bias to the logit of its running
+  residual stream (a cumulative state), so that a large b gives back the pretrained model; here the newest source
+  is a sum of sublayer outputs, and a large b makes a mix read that block alone.
 - Logit lens: hidden[l] is the output mix over the sources available after block l (the open block's partial
   sum included): what the head would read if the network ended there. hidden[L-1] is the head's input.
 
 Extra parameters: 2d per sublayer plus 2d for the output mix, 2d(2L + 1) in all: 13,056 at the 100m shape
-(d 384, L 8), 0.023% of vanilla's 56.3M with the GPT-2 vocabulary (tests/test_attnres.py computes it).
+(d 384, L 8), 0.023% of vanilla's 56.3M with the GPT-2 vocabulary (tests/test_attnres.py computes it); a learnable
+recency bias adds 2L + 1 scalars.
 """
 import math
 from dataclasses import dataclass
@@ -90,6 +100,8 @@ class GPTConfig:
     head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
     attn_res: str = "block"  # "block": sources are block sums; "full": every sublayer output is a source
     n_blocks: int = 4  # block mode: the 2L sublayers form this many blocks of consecutive sublayers
+    recency_bias: float = 0.0  # added to every mix's logit of its most recent source (seed 002's fine-tuning)
+    recency_bias_learnable: bool = False  # True: one scalar parameter per mix, starting at recency_bias
 
 
 class RMSNorm(nn.Module):
@@ -225,6 +237,11 @@ class AttnRes(nn.Module):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(config.n_embd))  # w: zero, so training starts from a uniform mix
         self.key_weight = nn.Parameter(torch.ones(config.n_embd))  # g, the weight of this mix's key RMSNorm
+        # the recency bias b on the most recent source's logit: a parameter, a constant, or none (b = 0, frozen)
+        if config.recency_bias_learnable:
+            self.recency_bias = nn.Parameter(torch.tensor(float(config.recency_bias)))
+        else:
+            self.recency_bias = float(config.recency_bias) or None
         self.mean_weights = None  # (S,) mean softmax weight per source over the last forward batch
 
     def folded_query(self):
@@ -233,6 +250,8 @@ class AttnRes(nn.Module):
 
     def forward(self, logits, values):
         """logits: S tensors (B, T), this mix's w . RMSNorm(v_i); values: the S raw sources (B, T, d)."""
+        if self.recency_bias is not None:  # the sources come in order: the last is the most recent
+            logits = logits[:-1] + [logits[-1] + self.recency_bias]
         a = torch.stack(logits, dim=-1).softmax(dim=-1)  # (B, T, S): over sources, per token
         self.mean_weights = a.detach().mean(dim=(0, 1))
         a = a.unsqueeze(-2)  # (B, T, 1, S)
