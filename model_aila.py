@@ -39,6 +39,10 @@ candidate h~_j sits in column j, the column of the h_j it becomes. stats(): mean
 mean per-token entropy (a layer whose tokens each pick one source sharply can still average to a flat row).
 Layer 1 has a single source: its weight is 1, and in arch 2 its W_Q, W_K get zero gradient (kept for uniformity).
 
+Step 0 from a pretrained model (train.py --init_from): not function-preserving. Every layer's output becomes
+LayerNorm(ReLU(h~_j + a_j)) (aila_merge="residual": h~_j + a_j, where a_j is not zero: W_V and W_O start random),
+which the pretrained weights never saw (tests/test_hf.py).
+
 Extra parameters over vanilla (S = L(L+1)/2 layer-source pairs, b = 1 if bias else 0; tests check both archs):
     arch 2: L (4 d H d_k + b (2 H d_k + d))
     arch 1: S (P + b d) + d (S + L),   P = d^2 (aila_rank 0) or 2 r d (aila_rank r)

@@ -60,7 +60,16 @@ Interpretations:
   dict, and b = 0, the default, is no bias at all: seed 002's best fine-tuning runs ("bias=0 frozen", zero-init
   pseudo-queries) are this file's defaults. Seed 002's repository adds the bias to the logit of its running
   residual stream (a cumulative state), so that a large b gives back the pretrained model; here the newest source
-  is a sum of sublayer outputs, and a large b makes a mix read that block alone.
+  is a sum of sublayer outputs, and a large b makes a mix read that block alone. No b gives the pretrained model
+  back; b = 0 comes closest (next item).
+- Step 0 from a pretrained model (train.py --init_from): function-preserving up to the norms' eps. Zero
+  pseudo-queries make every mix uniform, h_l = (1/S) sum_i v_i, and the S sources (the embedding, the block sums
+  and the partial sum; in full mode the sublayer outputs) add up to vanilla's residual stream x, so h_l = x / S.
+  What reads h_l is always an RMSNorm (the sublayer's pre-norm, or the final norm after the output mix), which
+  removes the 1/S except through its eps: rsqrt(mean(x^2) / S^2 + eps) in place of rsqrt(mean(x^2) + eps). So
+  the model starts as the pretrained one, exactly as eps -> 0 (tests/test_hf.py compares the logits). Seed 002's
+  repository mixes cumulative states, whose uniform average is not the stream (its authors report the "uniform-
+  attention initial disruption"). A recency bias b != 0 makes the mix non-uniform and loses this.
 - Logit lens: hidden[l] is the output mix over the sources available after block l (the open block's partial
   sum included): what the head would read if the network ended there. hidden[L-1] is the head's input.
 

@@ -30,6 +30,9 @@ Interpretations:
   are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
   is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads.
 - depth_map(): the fixed L x L connectivity, entry [l, j] = fraction of layer l's query heads reading layer j.
+- Step 0 from a pretrained model (train.py --init_from): not function-preserving. The skip heads of the layers
+  l > n_l attend to layer l - n_l's keys and values, which the pretrained weights never did; skip_heads = 0 is
+  model_vanilla.py and keeps the pretrained function exactly (tests/test_hf.py).
 
 Extra parameters: 0. MODIFIED names the components that differ from model_vanilla.py.
 """

@@ -93,6 +93,10 @@ Interpretations:
   must create them. So short runs at small width need gamma * steps of about 10, as the paper's
   1e-3 * 19k gives 19; the preset uses 1e-2 for its 1000 steps (at step 1000: 46% of the middle block's and
   19% of the next gates zero, est_flops_ratio 0.79). The model default stays the paper's 1e-3.
+- Step 0 from a pretrained model (train.py --init_from): not function-preserving. The embedding norm and the
+  norms after each module are new (weight 1: they rescale the embedding and every module's output to unit RMS),
+  and the gates start random (gate_init_std), so the pretrained weights see another residual stream
+  (tests/test_hf.py).
 
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
 and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.

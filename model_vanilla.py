@@ -9,6 +9,12 @@ Token embedding (no absolute positions) -> L pre-norm blocks -> final RMSNorm ->
 Init: normal(0, 0.02) for every linear and embedding weight; the two projections that write into the
 residual stream (attn.wo, mlp.w2) use 0.02 / sqrt(2L) so that the stream's variance does not grow with depth
 (GPT-2's scaling); norms start at 1.
+Pretrained models: qk_norm adds Qwen3's QK-norm (an RMSNorm over each head's q and k, before RoPE) and head_dim sets a
+head size other than n_embd // n_head (Qwen3-0.6B: d 1024, 16 query heads of 128, 8 key/value heads); both off by
+default, and then the parameters and the random numbers drawn at init are as without them. With them this file
+computes what transformers' LlamaForCausalLM and Qwen3ForCausalLM compute; hf.py maps their weights in
+(train.py --init_from DIR) and out (export.py). Step 0 from a pretrained model (train.py --init_from):
+function-preserving, exactly: the pretrained model's logits up to float32 rounding (tests/test_hf.py).
 
 The other model_*.py files are copies of this file that change only what their method changes; MODIFIED
 lists, in each of them, the components that differ from this file (tests/test_identical.py checks the rest).

@@ -35,6 +35,10 @@ Interpretations:
   (paper: 0.01 and 0.01 against 1e-4 for the rest; with 1e-4 the map barely moves, 1e-1 is unstable).
 - KV cache: the mix is per token, so a cached step needs only the new tokens' own sources; the keys/values of
   every layer are cached exactly as in vanilla.
+- Step 0 from a pretrained model (train.py --init_from): not function-preserving. Block l reads the
+  norm-weighted average of the embedding and all earlier block outputs (uniform alpha, or 0.9 on the newest
+  source with va_init="recent"), not the previous block's output, so from the second block on the pretrained
+  weights see inputs they were never trained on (tests/test_hf.py).
 - flops_per_token is vanilla's: the mix is L(L+1)/2 * d multiply-adds per token, elementwise, not a matmul
   (under 0.1% of a 300m model's FLOPs).
 """

@@ -6,6 +6,7 @@ Prepare a data set for training: text -> token ids -> data/<name>/{train,val}.bi
     python prepare.py --dataset fineweb --tokenizer gpt2 --max_tokens 10000000000
     python prepare.py --dataset openwebtext --tokenizer gpt2
     python prepare.py --files notes.txt web.jsonl more.parquet --text_field text --name mine
+    python prepare.py --dataset fineweb-edu --tokenizer hf:models/Qwen3-0.6B --name fineweb-edu-qwen3
 
 train.bin and val.bin are flat arrays of token ids (uint16 when the vocabulary fits, else uint32); every
 document ends with the end-of-text token. Whole documents go to val with probability --val_fraction (seeded,
@@ -56,7 +57,7 @@ def need(module, what):
 
 
 def get_tokenizer(name):
-    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte" or "gpt2")."""
+    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte", "gpt2" or "hf:DIR")."""
     if name == "byte":
         return encode_bytes, decode_bytes, 257, 256
     if name == "gpt2":
@@ -68,7 +69,13 @@ def get_tokenizer(name):
                  "or set TIKTOKEN_CACHE_DIR to a folder holding them")
         # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
         return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
-    raise ValueError(f"unknown tokenizer {name!r} (byte or gpt2)")
+    if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder (hf.py)
+        import hf
+        try:
+            return hf.get_tokenizer(name[3:])
+        except hf.HFError as e:
+            fail(str(e))
+    raise ValueError(f"unknown tokenizer {name!r} (byte, gpt2 or hf:DIR)")
 
 
 def token_dtype(vocab_size):
@@ -212,8 +219,9 @@ def parse_args(argv=None):
     p.add_argument("--files", nargs="+", metavar="FILE",
                    help="local .txt/.json/.jsonl/.parquet files, instead of --dataset")
     p.add_argument("--text_field", default="text", help="the text column of .json/.jsonl/.parquet files")
-    p.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
-                   help="byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257")
+    p.add_argument("--tokenizer", default="byte",
+                   help="byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257; hf:DIR: the "
+                   "tokenizer.json of a Hugging Face model folder (for train.py --init_from DIR)")
     p.add_argument("--max_tokens", type=int, default=100_000_000,
                    help="stop after the document that reaches this many tokens (0: no limit)")
     p.add_argument("--val_fraction", type=float, default=0.01, help="share of documents for validation")
@@ -222,6 +230,10 @@ def parse_args(argv=None):
     p.add_argument("--name", help="folder name; None: the data set's name, or the first file's stem")
     p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
     args = p.parse_args(argv)
+    if args.tokenizer.startswith("hf:"):  # meta.json records the folder for train.py, sample.py and eval.py
+        args.tokenizer = "hf:" + os.path.abspath(os.path.expanduser(args.tokenizer[3:]))
+    elif args.tokenizer not in ("byte", "gpt2"):
+        p.error(f"argument --tokenizer: invalid choice: {args.tokenizer!r} (choose from 'byte', 'gpt2', 'hf:DIR')")
     if not 0 < args.val_fraction < 1:
         p.error("--val_fraction must be between 0 and 1")
     if args.num_proc < 1:

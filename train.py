@@ -28,6 +28,8 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+import hf
+
 # size presets from seed 000 Table 2 (the paper's names; the counts change with the vocabulary)
 SIZES = {
     "50m": dict(n_embd=192, ffn_hidden=768, n_head=3, n_layer=6, n_kv_head=1),
@@ -49,6 +51,7 @@ TRAIN_DEFAULTS = dict(
     resume=False,             # continue the run saved in out_dir
     size="",                  # seed 000's shapes, 50m, 100m or 300m, with the model file's SIZE_DEFAULTS ("": none)
     dataset="shakespeare",    # data/<dataset>/{train,val}.bin from prepare.py
+    init_from="",             # a Hugging Face Llama or Qwen3 folder: its architecture and weights (hf.py; "": none)
     data_dir="data",
     # optimisation
     max_iters=1000,
@@ -563,7 +566,12 @@ def main(argv):
         raise ConfigError(f"{o['out_dir']} already holds a checkpoint; pass --resume to continue it "
                           "or choose another --out_dir")
     else:
-        if "vocab_size" not in o["explicit"]:
+        if o["init_from"]:  # the architecture from the folder's config.json; the folder is checked here
+            try:
+                model_args = hf.init_args(o["init_from"], module, model_args, o["explicit"], meta)
+            except hf.HFError as e:
+                raise ConfigError(str(e))
+        elif "vocab_size" not in o["explicit"]:
             model_args["vocab_size"] = meta["vocab_size"]
         if model_args["vocab_size"] < meta["vocab_size"]:
             raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
@@ -583,6 +591,11 @@ def main(argv):
     torch.manual_seed(o["seed"] + rank)
 
     model = build_model(module, model_args, ckpt_path).to(device)
+    if o["init_from"] and ckpt is None:  # the pretrained weights of the shared components (hf.py)
+        try:
+            hf.load_weights(model, o["init_from"])
+        except hf.HFError as e:
+            raise ConfigError(str(e))
     raw_model = model
     groups = raw_model.param_groups(o["weight_decay"])
     for g in groups:
