@@ -1,10 +1,8 @@
 """
-Speed and memory of every model side by side, in one process, as ratios to vanilla measured in the same run;
-with --train_iters, a sweep that trains every model with one budget and several seeds.
+Speed and memory of every model side by side, in one process, as ratios to vanilla measured in the same run.
 
     python bench.py --size 50m --block_size 256 --batch_size 8        # every model and variant, CPU
-    python bench.py --size 300m --device cuda --compile --json out/bench_300m.json
-    python bench.py --size small --train_iters 500 --seeds 3 --update_readme   # the results table and curves
+    python bench.py --size 300m --device cuda --compile --json results/bench_300m.json
 
 Per model: parameters (and the extra over vanilla), training tokens/s (forward + backward + AdamW step, after
 warm-up, median over repeats), peak memory of a training step, MFU on a known GPU, and sampling tokens/s
@@ -14,37 +12,23 @@ machine's load hits both sides alike: the table gives the median ratio and, in b
 largest; the JSON keeps every repeat's seconds. On CUDA the peak memory is torch.cuda.max_memory_allocated
 less the memory held before the model was built (vanilla's). On CPU, where PyTorch keeps no such counter, it
 is the bytes of parameters, gradients and AdamW state plus the tensors autograd saves for the backward pass
-(the part in which the models differ).
-
-With --train_iters N every label is trained by train.py with one budget (same data, batch, lr and steps) and
-each of --seeds seeds (the seed sets the initialisation and the order of the training windows), then
-evaluated on the whole validation split. <results>/results.json keeps every run, keyed by all of its train.py
-options and the data set, and is written after each run: the same command run again skips the runs it holds,
-so a sweep can be finished over several sittings, and a changed option never reuses a stale run. From it come
-<results>/RESULTS.md (val loss mean ± std over seeds, the paired difference to vanilla ± its standard error),
-<results>/curves.png (validation loss against tokens seen) and, with --update_readme, README.md's copy of the
-table between its `<!-- <results>:start -->` markers.
+(the part in which the models differ). The trained results tables come from sweep.py.
 """
 import copy
-import hashlib
-import inspect
 import json
-import math
 import os
-import platform
-import re
-import shlex
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-import train
-from eval import evaluate_split, import_pyplot
-from train import SIZES, ArgumentParser, ConfigError, fail, load_model_module, peak_flops, str2bool
+from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, hardware_name, load_checkpoint,
+                    load_model_module,
+                    main_boundary, option, parse_simple, resolve_device, resolve_dtype)
+from train import peak_flops
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
 RUNS = [
@@ -64,49 +48,30 @@ RUNS = [
 ]
 
 
-def parse_args(argv):
-    p = ArgumentParser(description=__doc__.strip().splitlines()[0],
-                       formatter_class=__import__("argparse").ArgumentDefaultsHelpFormatter)
-    p.add_argument("--size", default="50m", choices=["small", *SIZES],
-                   help="model shape: a preset, or small = the model files' default (the CPU quick start)")
-    p.add_argument("--block_size", type=int, default=256, help="sequence length")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--vocab_size", type=int, default=50304, help="GPT-2's vocabulary, padded to a multiple of 64")
-    p.add_argument("--runs", default="", help="comma-separated labels to measure; '' = all (" +
-                   ", ".join(r[0] for r in RUNS) + "); vanilla is always measured")
-    p.add_argument("--warmup", type=int, default=2, help="untimed training steps per model")
-    p.add_argument("--iters", type=int, default=2, help="training steps per timed repeat")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="timed repeats per model, each between two of vanilla's: the speed ratio is their median")
-    p.add_argument("--sample_tokens", type=int, default=32, help="tokens generated per sampling measurement")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA where supported), float32, bfloat16")
-    p.add_argument("--compile", type=str2bool, nargs="?", const=True, default=False)
-    p.add_argument("--json", default="", help="also write the results to this JSON file")
-    p.add_argument("--close_gates", type=int, default=-1,
-                   help="skipmiddle: before timing generation with and without skipping, close gate K and every later "
-                        "one for every token (blocks K to L-1-K skipped); -1 = the gates as initialised")
-    p.add_argument("--checkpoint", default="",
-                   help="time only generation with and without skipping, on this trained run (its out_dir), prompted "
-                        "with the start of its data set's val split from --data_dir")
-    p.add_argument("--train_iters", type=int, default=0, help="train every label this many steps (a sweep); 0 = no")
-    p.add_argument("--seeds", type=int, default=3, help="sweep: seeds per label, --seed, --seed + 1, ...")
-    p.add_argument("--seed", type=int, default=train.TRAIN_DEFAULTS["seed"], help="sweep: the first seed")
-    p.add_argument("--n_layer", type=int, default=0, help="sweep or speed: number of layers; 0 = the --size shape's")
-    p.add_argument("--eval_points", type=int, default=10, help="sweep: validation evaluations per run (the curves)")
-    p.add_argument("--max_runs", type=int, default=0, help="sweep: stop after this many new runs; 0 = all")
-    p.add_argument("--table_only", type=str2bool, nargs="?", const=True, default=False,
-                   help="sweep: train nothing; write the table and curves from the runs results.json holds")
-    p.add_argument("--results", default="results", help="sweep: folder of results.json, RESULTS.md, curves.png")
-    p.add_argument("--runs_dir", default="out/bench", help="sweep: folder of the runs' checkpoints and logs")
-    p.add_argument("--eval_batch_size", type=int, default=16, help="sweep: windows per eval forward")
-    p.add_argument("--dataset", default="shakespeare", help="sweep: data set from prepare.py")
-    p.add_argument("--data_dir", default="data")
-    p.add_argument("--update_readme", type=str2bool, nargs="?", const=True, default=False,
-                   help="sweep: rewrite README.md's copy of the table")
-    p.add_argument("--train_args", default="--learning_rate=1e-3 --eval_iters=10",
-                   help="sweep: further train.py options, the same for every run")
-    return p.parse_args(argv)
+@dataclass
+class BenchConfig:
+    size: str = option("50m", "model shape: a preset, or small = the model files' default (the CPU quick start)",
+                       choices=("small", *SIZES))
+    block_size: int = option(256, "sequence length", min=1)
+    batch_size: int = option(8, "sequences per training step", min=1)
+    vocab_size: int = option(50304, "vocabulary size (GPT-2's, padded to a multiple of 64)", min=1)
+    n_layer: int = option(0, "number of layers; 0 = the --size shape's", min=0)
+    runs: str = option("", "comma-separated labels to measure; '' = all (" + ", ".join(r[0] for r in RUNS) +
+                       "); vanilla is always measured")
+    warmup: int = option(2, "untimed training steps per model", min=0)
+    iters: int = option(2, "training steps per timed repeat", min=1)
+    repeats: int = option(5, "timed repeats per model, each between two of vanilla's: the speed ratio is their "
+                          "median", min=1)
+    sample_tokens: int = option(32, "tokens generated per sampling measurement", min=1)
+    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N")
+    dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
+    compile: bool = option(False, "torch.compile the training step")
+    json: str = option("", "also write the results to this JSON file", path=True)
+    close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
+                              "every later one for every token (blocks K to L-1-K skipped); -1 = as initialised", min=-1)
+    checkpoint: str = option("", "time only generation with and without skipping, on this trained run (its "
+                             "out_dir), prompted with the start of its data set's val split from --data_dir", path=True)
+    data_dir: str = option("data", "--checkpoint: the folder of prepared data sets", path=True)
 
 
 def saved_tensor_bytes(model, x, y):
@@ -179,7 +144,7 @@ def interleaved(vanilla, run, repeats):
 def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
     """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
     skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of those forwards."""
-    if "skip" not in inspect.signature(model.generate).parameters or not getattr(model, "gates", None):
+    if not getattr(sys.modules[type(model).__module__], "SKIPS", False) or not getattr(model, "gates", None):
         return {}  # a model without gates (skipmiddle-dense) has nothing to skip
     times = {True: [], False: []}
     with torch.no_grad(), ctx:
@@ -210,7 +175,9 @@ def close_gates(model, first):
 
 def checkpoint_generation(args, device, ctx):
     """--checkpoint: skip_generation() on a trained run, greedy from the first 16 tokens of its val split."""
-    model, ckpt = train.load_checkpoint(args.checkpoint, device)
+    if not os.path.exists(checkpoint_path(args.checkpoint)):
+        raise ConfigError(f"--checkpoint {args.checkpoint}: no checkpoint there; pass the out_dir of a training run")
+    model, _, ckpt = load_checkpoint(args.checkpoint, device)
     model.eval()
     meta = ckpt["meta"]
     val = np.memmap(os.path.join(args.data_dir, meta["dataset"], "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
@@ -290,7 +257,7 @@ def measure_all(wanted, shape, args, device, ctx):
     base = rows[0]
     if not base["train_seconds"]:  # vanilla alone
         base["train_seconds"] = [vanilla.timed() for _ in range(args.repeats)]
-    flops = peak_flops(device, {"peak_flops": 0.0})
+    flops = peak_flops(device, 0.0)
     for r in rows:
         r["train_tok_s"] = args.batch_size * args.block_size * args.iters / statistics.median(r["train_seconds"])
         r["mfu"] = r["flops_per_token"] * r["train_tok_s"] / flops if flops else None
@@ -321,275 +288,41 @@ def print_measurements(rows):
                   f"dense: time ratio {r['skip_time_ratio']:.3f}, est_flops_ratio {r['est_flops_ratio']:.3f}")
 
 
+def parse_args(argv):
+    return parse_simple(BenchConfig, argv, __doc__)
+
+
 def main(argv):
     args = parse_args(argv)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
-    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    ctx = autocast(device, dtype)
     wanted = set(args.runs.split(",")) if args.runs else {r[0] for r in RUNS}
     unknown = wanted - {r[0] for r in RUNS}
     if unknown:
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
-    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
-        raise ConfigError("--iters and --repeats must be at least 1, --warmup at least 0")
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
-    if args.train_iters:  # train on real data: the vocabulary is the data set's
-        args.vocab_size = train.read_meta(args.data_dir, args.dataset)["vocab_size"]
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
     if args.size == "small":  # the model files' own defaults: write them out, for the record
         defaults = load_model_module("vanilla").GPTConfig()
         shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
     if args.n_layer:
         shape["n_layer"] = args.n_layer
-    hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
-                else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} "
-                   f"thread{'s' if torch.get_num_threads() > 1 else ''})")
+    hardware = hardware_name(device)
     print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
-          f"{'bfloat16' if use_bf16 else 'float32'}{', compiled' if args.compile else ''}, torch {torch.__version__}")
-    if args.train_iters:
-        return sweep(wanted | {"vanilla"}, shape, args, device, ctx, hardware, "bfloat16" if use_bf16 else "float32", argv)
+          f"{dtype}{', compiled' if args.compile else ''}, torch {torch.__version__}")
+    if args.json:  # the folder, before an hour of measuring: a path that cannot be written fails now
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     rows = measure_all(wanted, shape, args, device, ctx)
     print_measurements(rows)
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "shape": shape, "batch_size": args.batch_size, "hardware": hardware,
-                       "dtype": "bfloat16" if use_bf16 else "float32", "compile": args.compile,
-                       "torch": torch.__version__, "warmup": args.warmup, "iters": args.iters, "repeats": args.repeats,
-                       "results": rows}, f, indent=1)
+                       "dtype": dtype, "compile": args.compile, "torch": torch.__version__, "warmup": args.warmup,
+                       "iters": args.iters, "repeats": args.repeats, "results": rows}, f, indent=1)
     return rows
-
-
-# ----------------------------------------------------------------------------------------------------------
-# --train_iters: a sweep that trains every (label, seed) with one budget, resumable run by run
-
-def train_options(name, overrides, seed, shape, args, device, dtype):
-    """The train.py options of one run: everything that shapes its result (not where it is written)."""
-    return [f"--model={name}", f"--dataset={args.dataset}", f"--max_iters={args.train_iters}",
-            f"--batch_size={args.batch_size}", f"--seed={seed}", f"--device={device.type}", f"--dtype={dtype}",
-            f"--eval_interval={max(1, args.train_iters // args.eval_points)}",
-            *[f"--{k}={v}" for k, v in {**shape, **overrides}.items()], *args.train_args.split()]
-
-
-def run_key(options, meta):
-    """A run's identity: its train.py options and the data set it reads. A changed option is a new run."""
-    blob = json.dumps({"options": options, "data": meta}, sort_keys=True)
-    return hashlib.sha1(blob.encode()).hexdigest()[:12]
-
-
-def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
-    """Train one (label, seed) run with the shared budget (or finish it), then evaluate the whole val split."""
-    out_dir = os.path.join(args.runs_dir, f"{label}-seed{seed}-{key}")
-    path = os.path.join(out_dir, "ckpt.pt")
-    steps = torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.exists(path) else 0
-    t0 = time.time()
-    if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
-        train.main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}", *(["--resume"] if steps else [])])
-    seconds = time.time() - t0
-    model, ckpt = train.load_checkpoint(out_dir, device)
-    model.eval()
-    T = model.config.block_size
-    val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
-    loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
-    evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        for record in map(json.loads, f):
-            if "val_loss" in record:
-                evals[record["iter"]] = record["val_loss"]
-    return {"label": label, "seed": seed, "key": key, "options": options,
-            "val_loss": loss[-1].item(), "val_tokens": count, "steps": ckpt["iter_num"],
-            "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
-            "params": sum(p.numel() for p in model.parameters()),
-            "stats": model.stats() if hasattr(model, "stats") else {},
-            "curve": [[it * args.batch_size * T, v] for it, v in sorted(evals.items())]}
-
-
-def aggregate(runs, labels):
-    """Per label: val loss mean and std over seeds, and the paired (same-seed) difference to vanilla: its mean
-    and standard error, marked when |mean| > 2 SE (which needs two or more pairs)."""
-    by_label = {}
-    for r in runs:
-        by_label.setdefault(r["label"], {})[r["seed"]] = r["val_loss"]
-    base = by_label.get("vanilla", {})
-    rows = []
-    for label in labels:
-        losses = by_label.get(label)
-        if not losses:
-            continue
-        values = list(losses.values())
-        diffs = [loss - base[seed] for seed, loss in losses.items() if seed in base] if label != "vanilla" else []
-        row = {"label": label, "n": len(values), "mean": statistics.fmean(values),
-               "std": statistics.stdev(values) if len(values) > 1 else None,
-               "n_pairs": len(diffs), "delta": statistics.fmean(diffs) if diffs else None,
-               "delta_se": statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None}
-        row["marked"] = row["delta_se"] is not None and abs(row["delta"]) > 2 * row["delta_se"]
-        rows.append(row)
-    return rows
-
-
-def sweep(labels, shape, args, device, ctx, hardware, dtype, argv):
-    """Train every (label, seed) of the plan that <results>/results.json does not hold yet; then the table
-    (RESULTS.md, and README.md with --update_readme) and the curves (curves.png) over the plan's runs."""
-    meta = train.read_meta(args.data_dir, args.dataset)
-    os.makedirs(args.results, exist_ok=True)
-    json_path = os.path.join(args.results, "results.json")
-    done = saved_runs(json_path)  # runs of other configurations stay in the file, unused
-    command = ["bench.py", *without_options(argv, "--max_runs", "--table_only")]  # the command that regenerates
-    header = {"command": command, "hardware": hardware, "dtype": dtype, "torch": torch.__version__,
-              "size": args.size, "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
-              "train_iters": args.train_iters, "seeds": [args.seed + i for i in range(args.seeds)]}
-    plan, new = [], 0
-    for seed in header["seeds"]:  # seed by seed, so that paired differences to vanilla come early
-        for label, name, overrides in RUNS:
-            if label in labels:
-                options = train_options(name, overrides, seed, shape, args, device, dtype)
-                plan.append((label, seed, options, run_key(options, meta)))
-    for label, seed, options, key in plan:
-        if key in done:
-            continue
-        if args.table_only or (args.max_runs and new == args.max_runs):
-            print(f"stopped after {new} new runs; the same command without --max_runs or --table_only goes on from here",
-                  file=sys.stderr)
-            break
-        print(f"training {label}, seed {seed} ({len(done.keys() & {p[3] for p in plan}) + 1} of {len(plan)})",
-              file=sys.stderr)
-        record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta)
-        done = {**saved_runs(json_path), key: record}  # with what a sweep beside this one has written meanwhile
-        new += 1
-        write_json(json_path, {**header, "runs": list(done.values())})  # after every run: nothing is lost
-    done = {**saved_runs(json_path), **done}
-    runs = [done[key] for *_, key in plan if key in done]
-    if not runs:
-        return []
-    rows = aggregate(runs, [label for label, *_ in RUNS if label in labels])
-    write_json(json_path, {**header, "summary": rows, "runs": list(done.values())})
-    table = results_table(rows, runs, header, args)
-    with open(os.path.join(args.results, "RESULTS.md"), "w") as f:
-        f.write(table)
-    if args.update_readme:
-        update_readme(table, args.results)
-    print(table)
-    plot_curves(rows, runs, os.path.join(args.results, "curves.png"))
-    return rows
-
-
-def saved_runs(json_path):
-    """The runs results.json holds, by key."""
-    runs = json.load(open(json_path)).get("runs", []) if os.path.exists(json_path) else []
-    return {r["key"]: r for r in runs}
-
-
-def without_options(argv, *names):
-    """argv less the named options, in either form (--name=value or --name value)."""
-    kept, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-        elif a.split("=")[0] in names:
-            skip = "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        else:
-            kept.append(a)
-    return kept
-
-
-def write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)  # atomic: an interrupted sweep never leaves a broken results.json
-
-
-def results_table(rows, runs, header, args):
-    by_label = {}
-    for r in runs:
-        by_label.setdefault(r["label"], []).append(r)
-    base = by_label.get("vanilla", [{}])[0].get("params")
-    hours = sum(r["train_seconds"] for r in runs) / 3600
-    lines = [
-        f"`python {shlex.join(header['command'])}` on {header['hardware']}, {header['dtype']}, torch "
-        f"{header['torch']}: {args.size} shape ({', '.join(f'{k} {v}' for k, v in header['shape'].items())}), "
-        f"data set `{args.dataset}`, {args.train_iters} steps of {args.batch_size} x {header['shape']['block_size']} "
-        f"tokens ({args.train_iters * args.batch_size * header['shape']['block_size']:,} tokens), seeds "
-        f"{', '.join(map(str, header['seeds']))}, train.py options `{args.train_args}`; {len(runs)} runs, "
-        f"{hours:.2f} hours of training in all. Validation loss over the whole validation split "
-        f"({runs[0]['val_tokens']:,} tokens) as mean ± std over seeds; Δ = the mean of the same-seed differences "
-        "to vanilla ± its standard error, **bold** where |Δ| > 2 SE.",
-        "",
-        "| model | seeds | val loss | Δ vs vanilla | reading | params | extra params | stats (mean over seeds) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        group = by_label[row["label"]]
-        loss = f"{row['mean']:.4f}" + (f" ± {row['std']:.4f}" if row["std"] is not None else "")
-        if row["delta"] is None:
-            delta, reading = "", "(baseline)" if row["label"] == "vanilla" else "no vanilla pair"
-        else:
-            delta = f"{row['delta']:+.4f}" + (f" ± {row['delta_se']:.4f}" if row["delta_se"] is not None else "")
-            delta = f"**{delta}**" if row["marked"] else delta
-            reading = (("better" if row["delta"] < 0 else "worse") if row["marked"] else
-                       "within noise" if row["delta_se"] is not None else "one seed: no SE")
-        stats = [{k: v for k, v in r["stats"].items() if isinstance(v, (int, float))} for r in group]
-        shown = ", ".join(f"{k} {statistics.fmean(s[k] for s in stats):.3g}" for k in stats[0]
-                          if ("flops" in k or k.endswith("entropy")) and all(k in s for s in stats))
-        params = group[0]["params"]
-        extra = f"{params - base:,}" if base is not None else ""
-        lines.append(f"| {row['label']} | {row['n']} | {loss} | {delta} | {reading} | {params:,} | {extra} | {shown} |")
-    return "\n".join(lines) + "\n"
-
-
-def update_readme(table, results):
-    """Replace README.md's copy of the table between its markers for this results folder."""
-    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-    text = open(readme).read()
-    tag = os.path.normpath(results)
-    marked = re.compile(rf"(<!-- {re.escape(tag)}:start -->\n).*?(<!-- {re.escape(tag)}:end -->)", re.S)
-    if not marked.search(text):
-        print(f"note: README.md has no <!-- {tag}:start --> marker; its table is left alone", file=sys.stderr)
-        return
-    with open(readme, "w") as f:
-        f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
-
-
-def plot_curves(rows, runs, path):
-    """Validation loss against tokens seen (mean over seeds, min-max band) and each model's final loss."""
-    plt = import_pyplot()
-    if plt is None:
-        print("note: no matplotlib, so no curves.png (pip install matplotlib)", file=sys.stderr)
-        return
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [3, 2]})
-    colours = plt.get_cmap("tab20").colors
-    tail = []  # the y range: from the best loss to where the slowest curve stands at a fifth of the run
-    for i, row in enumerate(rows):
-        curves = [r["curve"] for r in runs if r["label"] == row["label"]]
-        steps = min(len(c) for c in curves)
-        tokens = np.array([p[0] for p in curves[0][:steps]])
-        losses = np.array([[p[1] for p in c[:steps]] for c in curves])
-        style = "--" if i % 2 else "-"
-        ax.plot(tokens, losses.mean(0), style, color=colours[i % 20], label=row["label"])
-        ax.fill_between(tokens, losses.min(0), losses.max(0), color=colours[i % 20], alpha=0.2, linewidth=0)
-        tail += [losses.min(), losses.mean(0)[min(steps - 1, max(1, steps // 5))]]
-    ax.set(xlabel="tokens seen", ylabel="validation loss (nats/token)", ylim=(min(tail) - 0.02, max(tail)),
-           title="validation loss during training (mean over seeds, band: min to max)")
-    ax.legend(fontsize=8, ncol=2)
-    ax.grid(alpha=0.3)
-    y = np.arange(len(rows))[::-1]
-    for i, row in enumerate(rows):
-        bx.errorbar(row["mean"], y[i], xerr=row["std"] or 0, fmt="o", color=colours[i % 20], capsize=3)
-    bx.set_yticks(y, [f"{row['label']} (n={row['n']})" for row in rows])
-    bx.set(xlabel="final validation loss, whole split (mean ± std over seeds)", title="final loss")
-    if rows and rows[0]["label"] == "vanilla":
-        bx.axvline(rows[0]["mean"], color="grey", linestyle=":", linewidth=1)
-    bx.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}", file=sys.stderr)
-
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as e:
-        fail(str(e))
+    main_boundary(main)

@@ -4,21 +4,22 @@ Evaluate checkpoints: python eval.py --out_dir out [out2 ...] [--tokens N] [anal
 Loss and perplexity over the whole validation split (or its first --tokens tokens), read as consecutive
 windows of the model's context so that every token is predicted exactly once. The analyses:
 --logit_lens  for every layer, the loss and the mean probability of the correct next token when the final norm
-              and the head read that layer's output (seed 000 Figure 9); one curve per --out_dir in one plot.
---depth_map   the model's cross-layer weights, depth_map(), as a layers x sources table (seed 000 Tables 5-7)
+              and the head read that layer's output (the Vertical Attention paper's Figure 9); one curve per
+              --out_dir in one plot.
+--depth_map   the model's cross-layer weights, depth_map(), as a layers x sources table (its Tables 5-7)
               and a heat map, read after one forward pass over --batch_size validation windows (the maps of
               attnres and aila depend on the input; skipmiddle's mean gates are measured on it).
---mc FILE     few-shot multiple choice (seed 000 Table 4, as lm-evaluation-harness scores it): every choice is
+--mc FILE     few-shot multiple choice (its Table 4, as lm-evaluation-harness scores it): every choice is
               scored by the log-likelihood of its continuation after --k_shot solved examples; acc, and
               acc_norm with the log-likelihood per character of the choice.
 --lm_eval T   the tasks T (comma-separated names or .yaml files) through lm-evaluation-harness itself
               (pip install -r requirements-eval.txt).
-The PNGs (logit_lens.png, depth_map.png) need matplotlib (pip install matplotlib).
+--curves R..  the training and validation loss of your own runs side by side, from their log.jsonl (a PNG).
 
     python eval.py --out_dir out-vanilla out-vertical --logit_lens --depth_map
+    python eval.py --curves out/vanilla out/vertical
     python eval.py --out_dir out-vertical --loss=false --mc hellaswag_val.jsonl --k_shot 4
 """
-import argparse
 import json
 import math
 import os
@@ -26,67 +27,47 @@ import random
 import re
 import sys
 import textwrap
-from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from common import (DTYPES, ConfigError, autocast, describe_run, load_checkpoint, main_boundary, open_split, option,
+                    parse_simple, read_meta, resolve_device, resolve_dtype, split_tokens)
 from prepare import get_tokenizer
-from train import (ArgumentParser, ConfigError, fail, load_checkpoint, open_split, read_meta, resolve_device,
-                   split_tokens, str2bool)
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows the docstring as written and every option's default."""
-
-
-def plot_option(s):
-    try:
-        return "auto" if s == "auto" else str2bool(s)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {s!r}")
-
-
-def parse_args(argv):
-    p = ArgumentParser(description=__doc__.strip(), formatter_class=HelpFormatter)
-    p.add_argument("--out_dir", nargs="+", default=["out"],
-                   help="run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in turn")
-    p.add_argument("--data_dir", default="", help="folder of prepared data sets; '' = the one the run trained on")
-    p.add_argument("--dataset", default="", help="'' = the data set the run trained on")
-    p.add_argument("--split", default="val", choices=["val", "train"], help="the split to evaluate on")
-    p.add_argument("--tokens", type=int, default=0, help="evaluate the first N tokens of the split; 0 = all")
-    p.add_argument("--batch_size", type=int, default=8, help="windows (or scored continuations) per forward pass")
-    p.add_argument("--loss", type=str2bool, nargs="?", const=True, default=True,
-                   help="loss and perplexity over the split; false = only the analyses asked for")
-    p.add_argument("--logit_lens", type=str2bool, nargs="?", const=True, default=False,
-                   help="per-layer loss and mean probability of the correct next token")
-    p.add_argument("--depth_map", type=str2bool, nargs="?", const=True, default=False,
-                   help="print the model's depth_map() (and save out_dir/depth_map.png)")
-    p.add_argument("--mc", default="", help="few-shot multiple choice on this jsonl file: context/choices/label, "
-                   "or HellaSwag (ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)")
-    p.add_argument("--k_shot", type=int, default=4, help="solved examples before each question (--mc, --lm_eval)")
-    p.add_argument("--mc_limit", type=int, default=0,
-                   help="score the first N questions only (--mc, --lm_eval); 0 = all")
-    p.add_argument("--seed", type=int, default=1337, help="draws the --k_shot examples")
-    p.add_argument("--lm_eval", default="", help="lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, "
-                   "or task .yaml files")
-    p.add_argument("--plot", type=plot_option, nargs="?", const=True, default="auto",
-                   help="save PNGs: auto = when matplotlib is installed, true, false")
-    p.add_argument("--plot_path", default="", help="the logit lens figure; '' = logit_lens.png in the first out_dir")
-    p.add_argument("--json", type=str2bool, nargs="?", const=True, default=False,
-                   help="print the results as one JSON object per checkpoint, one per line")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto = bfloat16 on CUDA where supported, else float32")
-    args = p.parse_args(argv)
-    for name in ("tokens", "k_shot", "mc_limit"):
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name} must be 0 or more, not {getattr(args, name)}")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch_size must be 1 or more, not {args.batch_size}")
-    return args
+@dataclass
+class EvalConfig:
+    out_dir: tuple = option(("out",), "run folder(s) holding ckpt.pt (or paths to .pt files); each is evaluated in "
+                            "turn", path=True)
+    data_dir: str = option("", "folder of prepared data sets; '' = the one the run trained on", path=True)
+    dataset: str = option("", "'' = the data set the run trained on")
+    split: str = option("val", "the split to evaluate on", choices=("val", "train"))
+    tokens: int = option(0, "evaluate the first N tokens of the split; 0 = all", min=0)
+    batch_size: int = option(8, "windows (or scored continuations) per forward pass", min=1)
+    loss: bool = option(True, "loss and perplexity over the split; false = only the analyses asked for")
+    logit_lens: bool = option(False, "per-layer loss and mean probability of the correct next token")
+    depth_map: bool = option(False, "print the model's depth_map() (and save out_dir/depth_map.png)")
+    curves: tuple = option((), "plot the training and validation loss of these run folders from their log.jsonl, one "
+                           "colour per run, to --plot_path or curves.png in the first of them (no checkpoint is "
+                           "evaluated)", path=True)
+    mc: str = option("", "few-shot multiple choice on this jsonl file: context/choices/label, or HellaSwag "
+                     "(ctx/endings/label), ARC (question/choices/answerKey), PIQA (goal/sol1/sol2/label)",
+                     path=True)
+    k_shot: int = option(4, "solved examples before each question (--mc, --lm_eval)", min=0)
+    mc_limit: int = option(0, "score the first N questions only (--mc, --lm_eval); 0 = all", min=0)
+    seed: int = option(1337, "draws the --k_shot examples", min=0, max=2**32 - 1)
+    lm_eval: str = option("", "lm-evaluation-harness tasks, comma-separated, e.g. hellaswag,piqa, or task .yaml files",
+                          path=True)
+    plot: str = option("auto", "save PNGs: auto = when matplotlib is installed, true, false",
+                       choices=("auto", "true", "false"))
+    plot_path: str = option("", "the logit lens figure; '' = logit_lens.png in the first out_dir", path=True)
+    json: bool = option(False, "print the results as one JSON object per checkpoint, one per line")
+    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
+    dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
 
 
 def run_folder(out_dir):
@@ -142,7 +123,8 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
 
 
 def plot_logit_lens(plt, results, path):
-    """Seed 000 Figure 9: loss and p(correct) of every layer's logit lens, one curve per checkpoint."""
+    """The Vertical Attention paper's Figure 9: loss and p(correct) of every layer's logit lens, one curve per
+    checkpoint."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
         layers = [row["layer"] for row in r["logit_lens"]]
@@ -192,32 +174,214 @@ def row_labels(n_rows, n_layer):
     return [f"row {r}" for r in range(n_rows)]
 
 
-def format_depth_map(m, n_layer, decimals=2):
-    """The map as text lines: one row per layer, one column per source (seed 000 Tables 5-7)."""
+def format_depth_map(m, n_layer, layout=None, decimals=2):
+    """The map as text lines: one row per layer, one column per source (the Vertical Attention paper's
+    Tables 5-7), labelled as depth_map_layout() says; a cell the row cannot read is blank."""
     labels = row_labels(m.size(0), n_layer)
-    width, cell = max(len(s) for s in labels), decimals + 4
-    lines = [" " * width + " | " + " ".join(f"{c:>{cell}}" for c in range(m.size(1))) + "   (source)"]
-    for label, row in zip(labels, m.tolist()):
-        lines.append(f"{label:>{width}} | " + " ".join(f"{v:{cell}.{decimals}f}" for v in row))
+    columns = layout["columns"] if layout else [str(c) for c in range(m.size(1))]
+    valid = layout["valid"] if layout else torch.ones(m.shape, dtype=torch.bool)
+    width, cell = max(len(s) for s in labels), max(decimals + 4, *map(len, columns))
+    lines = [" " * width + " | " + " ".join(f"{c:>{cell}}" for c in columns) + "   (source)"]
+    for label, row, ok in zip(labels, m.tolist(), valid.tolist()):
+        lines.append(f"{label:>{width}} | " + " ".join(f"{v:{cell}.{decimals}f}" if o else " " * cell
+                                                         for v, o in zip(row, ok)))
     return lines
 
 
-def plot_depth_map(plt, m, n_layer, title, path):
+def depth_map_layout(model, name, m):
+    """How to draw the matrix m of model.depth_map(), as each model file's depth_map() docstring defines it: a dict
+    of columns (tick labels: "emb" = the embedding, j = block j's output, or what the model's columns are), xlabel,
+    cbar (what a cell holds), valid (bool, rows x columns: the cells a row can read; a row never reads a later
+    layer's output) and learned (the map is trained from a uniform start, so that the start can be recognised)."""
     rows, cols = m.shape
-    fig, ax = plt.subplots(figsize=(min(2.5 + 0.55 * cols, 16), min(1.5 + 0.4 * rows, 16)))
-    image = ax.imshow(m.numpy(), cmap="Blues", vmin=0, vmax=max(1.0, m.max().item()))
+    causal = torch.ones(rows, cols, dtype=torch.bool).tril()  # row l reads columns 0..l
+    sources = ["emb"] + [str(j) for j in range(1, cols)]
+    layout = dict(columns=[str(c) for c in range(cols)], xlabel="source", cbar="weight",
+                  valid=torch.ones(rows, cols, dtype=torch.bool), learned=False)
+    if name == "vertical":  # alpha: row l reads the embedding and blocks 1..l-1
+        layout.update(columns=sources, xlabel="source: the embedding (emb), then block j's output (j)",
+                      cbar="alpha (softmax weight of the source)", valid=causal,
+                      learned=getattr(model, "va_scores", None) is not None)
+    elif name == "aila":  # mean alpha: layer j reads h_0..h_{j-1}; arch 1 also h~_j, in column j
+        counts = [row.numel() for row in getattr(model, "maps", [])]
+        layout.update(columns=sources, cbar="mean alpha (over tokens and heads)", learned=True,
+                      valid=read_counts(counts, rows, cols) if len(counts) == rows else causal,
+                      xlabel="source: the embedding (emb), then layer j's output (j)"
+                      + ("; row j's column j: its own block output" if cols > rows else ""))
+    elif name == "attnres":  # mean softmax weight: the embedding, then block n's (partial) sum
+        counts = [len(mix.mean_weights) for mix in model.mixes()] if hasattr(model, "mixes") else []
+        full = getattr(model.config, "attn_res", "") == "full"
+        layout.update(columns=sources, cbar="mean softmax weight (over tokens)", learned=True,
+                      valid=read_counts(counts, rows, cols) if len(counts) == rows else m > 0,
+                      xlabel="source: the embedding (emb), then " + ("sublayer n's output (n)" if full else
+                                                                      "block n's sum (n; partial while open)"))
+    elif name == "skiplayer":  # fixed: the fraction of layer l's query heads reading layer j's keys and values
+        layout.update(columns=[str(j) for j in range(1, cols + 1)], valid=causal,
+                      xlabel="the layer whose keys and values the heads read", cbar="fraction of the query heads")
+    elif name == "skipmiddle":  # the mean gate of every block
+        layout.update(columns=["mean gate"], xlabel="", cbar="mean gate (1: the block runs, 0: skipped)")
+    return layout
+
+
+def read_counts(counts, rows, cols):
+    """The valid cells of a map whose row r reads its first counts[r] columns."""
+    return torch.arange(cols)[None, :] < torch.tensor(counts)[:, None]
+
+
+def at_uniform_start(m, layout):
+    """True when a learned map is still where training starts it: every row uniform over the sources it can read
+    (within 1e-3), in a map where some row has two or more sources."""
+    valid = layout["valid"]
+    n = valid.sum(1, keepdim=True)
+    if not layout["learned"] or not (n >= 2).any():
+        return False
+    return bool(((m - valid.float() / n.clamp(min=1)).abs() <= 1e-3).all())
+
+
+def uniform_note(result):
+    return (f"note: the depth map of {result['out_dir']} is still at its uniform start (every row equal over its "
+            "sources): it has not learned yet; train longer (vertical: or raise --va_lr)")
+
+
+def plot_depth_map(plt, m, n_layer, layout, title, path):
+    """The map as a heat map with the numbers in the cells a row can read; the cells it cannot read are blank
+    (grey), not zeros. Returns the (closed) figure, whose axes and texts can still be read."""
+    rows, cols = m.shape
+    valid = layout["valid"]
+    width = min(max(6.0, 3.5 + 0.6 * cols), 16)
+    fig, ax = plt.subplots(figsize=(width, min(2.5 + 0.4 * rows, 16)))
+    cmap = plt.get_cmap("Blues").with_extremes(bad="0.85")  # grey: the cells a row cannot read
+    shown = np.ma.masked_array(m.numpy(), mask=~valid.numpy())
+    image = ax.imshow(shown, cmap=cmap, vmin=0, vmax=max(1.0, m.max().item()), aspect="auto")
     if rows * cols <= 400:  # the numbers too, as in the paper's tables, while they still fit
         for r in range(rows):
             for c in range(cols):
-                ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if m[r, c] > 0.6 else "black")
-    ax.set_xticks(range(cols))
+                if valid[r, c]:
+                    ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if m[r, c] > 0.6 else "black")
+    ax.set_xticks(range(cols), labels=layout["columns"])
     ax.set_yticks(range(rows), labels=row_labels(rows, n_layer))
-    ax.set(xlabel="source", title=title)
-    fig.colorbar(image, ax=ax)
+    ax.set(xlabel=layout["xlabel"], title=textwrap.fill(title, int(width * 8)))
+    fig.colorbar(image, ax=ax, label=layout["cbar"])
+    if not valid.all():
+        fig.text(0.01, 0.01, "grey: a source this row cannot read", fontsize=7, color="0.4")
+    if at_uniform_start(m, layout):
+        warning = "warning: still at its uniform start (every row equal over its sources): not trained yet"
+        fig.suptitle(textwrap.fill(warning, int(width * 12)), color="darkred", fontsize=9, fontweight="bold")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the curves of the user's own runs, from their log.jsonl
+
+def read_run_log(run):
+    """A run folder's log.jsonl as {"folder", "train": [(step, loss)], "val": [(step, val_loss)], "tokens_per_step"}.
+    A last line cut short (train.py still writing it, or killed while it did) is left out; any other line that is
+    not a record of train.py is a ConfigError."""
+    folder = run_folder(run)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--curves: no run folder {run}; pass folders that train.py wrote (its --out_dir)")
+    path = os.path.join(folder, "log.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--curves: {folder} has no log.jsonl; train.py writes one in every --out_dir it trains")
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--curves: cannot read {path} ({e})")
+    lines = text.split("\n")
+    train, val = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = record["iter"]
+            points = [(key, float(record[key])) for key in ("loss", "val_loss") if key in record]
+            if not isinstance(step, int):
+                raise TypeError(f"iter is {step!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            if n == len(lines):  # no newline after it: cut short while it was written
+                break
+            reason = f"no {e}" if isinstance(e, KeyError) else str(e)[:80]
+            raise ConfigError(f"--curves: {path} line {n} is not a record of train.py ({reason}); delete the line "
+                              "or train the run again")
+        for key, loss in points:
+            (train if key == "loss" else val).append((step, loss))
+    if not train and not val:
+        raise ConfigError(f"--curves: {path} holds no loss yet; train.py logs one every --log_interval steps")
+    return {"folder": folder, "train": train, "val": val, "tokens_per_step": tokens_per_step(folder)}
+
+
+def tokens_per_step(folder):
+    """batch_size x gradient_accumulation_steps (the total over processes) x block_size from the run's ckpt.pt
+    (memory-mapped: the weights are not read), or None where there is no readable checkpoint."""
+    path = os.path.join(folder, "ckpt.pt")
+    if not os.path.isfile(path):
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        o = ckpt["train_config"]
+        return int(o["batch_size"] * o["gradient_accumulation_steps"] * ckpt["model_args"]["block_size"])
+    except Exception:  # a checkpoint of another version or a damaged one: plot against steps instead
+        return None
+
+
+def plot_curves(plt, runs, path):
+    """The training loss (thin line) and validation loss (dots) of every run, one colour per run, against tokens
+    seen, or against steps when a run's tokens per step are unknown. Returns the (closed) figure."""
+    tokens = all(r["tokens_per_step"] for r in runs)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colours = plt.get_cmap("tab10").colors
+    for i, r in enumerate(runs):
+        scale, colour = (r["tokens_per_step"] if tokens else 1), colours[i % 10]
+        if r["train"]:
+            ax.plot([s * scale for s, _ in r["train"]], [v for _, v in r["train"]], color=colour, linewidth=1,
+                    alpha=0.6, label=f"{r['label']}: training loss")
+        if r["val"]:
+            ax.plot([s * scale for s, _ in r["val"]], [v for _, v in r["val"]], "o-", color=colour, linewidth=2,
+                    markersize=4, label=f"{r['label']}: validation loss")
+    ax.set(xlabel="tokens seen" if tokens else "step (tokens per step unknown: no readable ckpt.pt)",
+           ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return fig
+
+
+def curves(args):
+    """--curves: the runs' curves in one PNG and one line per run."""
+    others = [f"--{k}" for k in ("logit_lens", "depth_map", "mc", "lm_eval") if getattr(args, k)]
+    if others:
+        raise ConfigError(f"--curves reads only the runs' logs; run {' '.join(others)} in a command of its own")
+    runs = [read_run_log(run) for run in args.curves]
+    names = [os.path.basename(os.path.abspath(r["folder"])) for r in runs]
+    for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name
+        r["label"] = name if names.count(name) == 1 else os.path.normpath(r["folder"])
+    for r in runs:
+        steps = max(s for s, _ in r["train"] + r["val"])
+        line = f"{r['label']}: {steps:,} steps"
+        if r["tokens_per_step"]:
+            line += f" ({steps * r['tokens_per_step']:,} tokens)"
+        if r["val"]:
+            line += f", last val loss {r['val'][-1][1]:.4f} (step {r['val'][-1][0]:,})"
+        if r["train"]:
+            line += f", last training loss {r['train'][-1][1]:.4f}"
+        print(line)
+    plt = import_pyplot() if args.plot is not False else None
+    if plt is None and args.plot is True:
+        raise ConfigError("--plot needs matplotlib: pip install matplotlib")
+    if plt is None:
+        if args.plot == "auto":
+            print("note: PNG skipped, matplotlib is not installed (pip install matplotlib)")
+        return
+    path = args.plot_path or os.path.join(runs[0]["folder"], "curves.png")
+    plot_curves(plt, runs, path)
+    print(f"curves: {path}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -424,10 +588,12 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
 # ----------------------------------------------------------------------------------------------------------
 
 def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
-    model, ckpt = load_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta", "train_config"))
+    model, _, ckpt = load_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta",
+                                                            "train_config"))
     model.eval()
     name, block_size = ckpt["model_name"], ckpt["model_args"]["block_size"]
-    result = {"out_dir": out_dir, "model": name}
+    result = {"out_dir": out_dir, "model": name, "step": ckpt.get("iter_num"), "tokens_seen": ckpt.get("tokens_seen"),
+              "run": describe_run(ckpt)}
     if args.loss or args.logit_lens or args.depth_map:
         data_dir = args.data_dir or ckpt["train_config"]["data_dir"]
         dataset = args.dataset or ckpt["train_config"]["dataset"]
@@ -448,9 +614,13 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     elif args.depth_map:  # before the loss pass: skipmiddle's map averages the forwards since the model was loaded
         m = read_depth_map(model, name, data, block_size, args.batch_size, device, ctx)
         result["depth_map"] = m.tolist()
+        layout = depth_map_layout(model, name, m)
+        result["depth_map_uniform"] = at_uniform_start(m, layout)
         if plt is not None:
             result["depth_map_png"] = os.path.join(run_folder(out_dir), "depth_map.png")
-            plot_depth_map(plt, m, model.config.n_layer, f"model_{name}.py depth map", result["depth_map_png"])
+            title = (f"{os.path.normpath(run_folder(out_dir))}, step {ckpt.get('iter_num', '?')}: "
+                     f"model_{name}.py depth map")
+            plot_depth_map(plt, m, model.config.n_layer, layout, title, result["depth_map_png"])
     if args.loss or args.logit_lens:
         loss, prob, count = evaluate_split(model, data, block_size, args.batch_size, device, ctx,
                                            logit_lens=args.logit_lens, progress=not args.json)
@@ -473,9 +643,11 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
 
 def report(result, model, args):
     if args.json:
+        if result.get("depth_map_uniform"):
+            print(uniform_note(result), file=sys.stderr)
         print(json.dumps(result), flush=True)
         return
-    line = f"{result['model']} ({result['out_dir']})"
+    line = f"{result['model']} ({result['out_dir']}, {result['run']})"
     if "loss" in result:
         line += (f" on {result['dataset']}/{result['split']}: {result['tokens']:,} tokens | "
                  f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}")
@@ -487,10 +659,13 @@ def report(result, model, args):
     if "depth_map" in result:
         doc = " ".join((model.depth_map.__doc__ or "").split())
         print(textwrap.indent(textwrap.fill(f"depth_map(): {doc}", 110), "  "))
-        for line in format_depth_map(torch.tensor(result["depth_map"]), model.config.n_layer):
+        m = torch.tensor(result["depth_map"])
+        for line in format_depth_map(m, model.config.n_layer, depth_map_layout(model, result["model"], m)):
             print("  " + line)
         if "depth_map_png" in result:
             print(f"  heat map: {result['depth_map_png']}")
+        if result.get("depth_map_uniform"):
+            print(textwrap.indent(textwrap.fill(uniform_note(result), 110), "  "))
     if "mc" in result:
         mc = result["mc"]
         print(f"  multiple choice, {mc['k_shot']}-shot, {mc['questions']} questions from {mc['file']}: "
@@ -499,20 +674,24 @@ def report(result, model, args):
         print(f"  lm_eval {task}: " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
+def parse_args(argv):
+    return parse_simple(EvalConfig, argv, __doc__)
+
+
 def main(argv):
     args = parse_args(argv)
+    if args.curves:
+        return curves(args)
     if args.lm_eval:
         import_lm_eval()  # fail before any work when it is missing
     mc_items = read_mc(args.mc) if args.mc else None
     plt = None
-    if args.plot is not False and (args.logit_lens or args.depth_map):
+    if args.plot != "false" and (args.logit_lens or args.depth_map):
         plt = import_pyplot()
-        if plt is None and args.plot is True:
+        if plt is None and args.plot == "true":
             raise ConfigError("--plot needs matplotlib: pip install matplotlib")
-    device = str(resolve_device(args.device))
-    use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.startswith("cuda")
-                                            and torch.cuda.is_bf16_supported())
-    ctx = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    device = resolve_device(args.device)
+    ctx = autocast(device, resolve_dtype(args.dtype, device))
     results = []
     for out_dir in args.out_dir:
         result, model = evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt)
@@ -529,7 +708,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as e:
-        fail(str(e))
+    main_boundary(main)

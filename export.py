@@ -6,30 +6,35 @@ plus the tokenizer files when the run's data came from `prepare.py --tokenizer h
 transformers' AutoModelForCausalLM.from_pretrained. Only model_vanilla.py's architecture exists in transformers:
 the other model files have parameters and connections it does not know.
 """
-import argparse
 import os
-import sys
+from dataclasses import dataclass
 
 import torch
 
 import hf
-from train import ArgumentParser, ConfigError, fail, load_checkpoint
+from common import ConfigError, load_checkpoint, main_boundary, option, parse_simple
+
+
+@dataclass
+class ExportConfig:
+    out_dir: str = option("out", "run folder holding ckpt.pt (or a path to a .pt file)", path=True)
+    to: str = option("", "the folder to write; it must not exist, or be empty", path=True)
+    dtype: str = option("float32", "of the saved weights", choices=("float32", "bfloat16"))
+
+    def __post_init__(self):
+        if not self.to:
+            raise ValueError("--to is needed: the folder to write the Hugging Face model into")
 
 
 def parse_args(argv):
-    p = ArgumentParser(description=__doc__.strip().splitlines()[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (or a path to a .pt file)")
-    p.add_argument("--to", required=True, help="the folder to write; it must not exist, or be empty")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of the saved weights")
-    return p.parse_args(argv)
+    return parse_simple(ExportConfig, argv, __doc__)
 
 
 def main(argv):
     args = parse_args(argv)
     if os.path.exists(args.to) and (not os.path.isdir(args.to) or os.listdir(args.to)):
         raise ConfigError(f"--to {args.to} exists and is not an empty folder; choose another --to or remove it")
-    model, ckpt = load_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
+    model, _, ckpt = load_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
     if ckpt["model_name"] != "vanilla":
         raise ConfigError(f"{args.out_dir} holds a model_{ckpt['model_name']}.py run; only model_vanilla.py's "
                           "architecture exists in transformers, so only vanilla runs can be exported")
@@ -45,7 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as e:
-        fail(str(e))
+    main_boundary(main)

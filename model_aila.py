@@ -1,6 +1,7 @@
 """
 AILA: Adaptive Integrated Layered Attention, Architectures 1 and 2, adapted to a causal language model.
-Paper: seeds/003_4b7c30c1de280e82.txt, "Adaptive Integrated Layered Attention (AILA)" (Claster, K M, Gundechia).
+Paper (the AILA paper): "Adaptive Integrated Layered Attention (AILA)" (William Claster, Suhas K M and Dhairya
+Gundechia, Northeastern University; no public code).
 
 The paper stacks 4 LSTM/conv layers; here a "layer" j = 1..L is one unchanged pre-norm block of model_vanilla.py:
     h~_j = Block_j(h_{j-1}),   h_0 = embedding output.
@@ -51,7 +52,7 @@ Extra parameters over vanilla (S = L(L+1)/2 layer-source pairs, b = 1 if bias el
   300m shape (d 768, L 12): arch 2 2,377,728; arch 1 46,093,824 (rank 8: 1,046,016).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -63,27 +64,77 @@ VARIANTS = {"arch1": dict(aila_arch=1), "arch1_rank": dict(aila_arch=1, aila_ran
             "residual": dict(aila_merge="residual")}
 
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints, which check_config() applies: min / max
+    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config):
+    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
+    for f in fields(config):
+        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
-    block_size: int = 256  # context length
-    n_layer: int = 6
-    n_head: int = 4
-    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
-    n_embd: int = 128
-    ffn_hidden: int = 512  # SwiGLU hidden size
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    bias: bool = False
-    tie_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE
-    head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
-    aila_arch: int = 2  # 2: attention over earlier layers (paper's Architecture 2); 1: linear (Architecture 1)
-    aila_heads: int = 1  # heads of the cross-layer mixing (paper: 1)
-    aila_dk: int = 64  # arch 2: query/key/value width per head (paper: 64)
-    aila_rank: int = 0  # arch 1: 0 = full d x d projection per (layer, source); r > 0 = rank-r U V^T
-    aila_merge: str = "relu_layernorm"  # "relu_layernorm": LayerNorm(ReLU(h~ + a)) (paper); "residual": h~ + a
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
+    aila_arch: int = option(2, "2: attention over earlier layers (the paper's Architecture 2); 1: linear "
+                            "(Architecture 1)", choices=(1, 2))
+    aila_heads: int = option(1, "heads of the cross-layer mixing (paper: 1); must divide n_embd", min=1)
+    aila_dk: int = option(64, "arch 2: query/key/value width per head (paper: 64)", min=1)
+    aila_rank: int = option(0, "arch 1: 0 = full d x d projection per (layer, source); r > 0 = rank-r U V^T", min=0)
+    aila_merge: str = option("relu_layernorm", "relu_layernorm: LayerNorm(ReLU(h~ + a)) (paper); residual: h~ + a",
+                             choices=("relu_layernorm", "residual"))
+
+    def __post_init__(self):
+        check_config(self)
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
+        if self.n_embd % self.aila_heads:
+            raise ValueError(f"--aila_heads {self.aila_heads} must divide --n_embd {self.n_embd}")
 
 
 class RMSNorm(nn.Module):
@@ -259,8 +310,6 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
-        assert config.aila_arch in (1, 2) and config.aila_merge in ("relu_layernorm", "residual")
-        assert config.n_embd % config.aila_heads == 0
         self.mix = nn.ModuleList([LayerAttention(config) if config.aila_arch == 2 else LayerLinear(config, j + 1)
                                   for j in range(config.n_layer)])  # layer j+1 (1-indexed) reads j+1 sources
         if config.aila_merge == "relu_layernorm":

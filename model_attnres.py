@@ -1,16 +1,16 @@
 """
 Attention Residuals (AttnRes): every sublayer reads a learned softmax over depth instead of the residual sum.
 
-Paper: seed 002_ce1fa6a9e6251fcc.txt, "Open Attention Residuals: Replacing Additive Residuals with Learned
-Cross-Layer Attention" (Luo and Cai), an open reproduction of Kimi Team, "Attention Residuals" (arXiv 2603.15031).
-We implement the Kimi paper's definition.
+Paper (Open AttnRes): "Open Attention Residuals: Replacing Additive Residuals with Learned Cross-Layer Attention"
+(Cheng Luo and Zefan Cai, March 2025; code: github.com/wdlctc/open-attention-residuals), an open reproduction of
+Kimi Team, "Attention Residuals" (arXiv 2603.15031). We implement the Kimi paper's definition.
 
 Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the order attn_1, mlp_1, attn_2, ...
 Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix
     h_l = sum_i a_{l,i} v_i,    a_{l,i} = softmax_i( w_l . RMSNorm_l(v_i) )    (per token, over the sources i)
 w_l in R^d is a pseudo-query, zero at init (a uniform mix); RMSNorm_l is a key norm with its own weight g_l
-(init 1). No 1/sqrt(d), no gate, and by default no recency bias (seed 002, lessons 3-4); the softmax runs in
-float32; the values are the raw sources.
+(init 1). No 1/sqrt(d), no gate, and by default no recency bias (Open AttnRes, lessons 3-4); the softmax runs
+in float32; the values are the raw sources.
   attn_res="full":  v_0 = the token embedding, v_i = f_i (sublayer outputs, not cumulative states);
                     sublayer l reads v_0 .. v_{l-1}.
   attn_res="block": the 2L sublayers form n_blocks blocks of consecutive sublayers (default 4). Sources: b_0 =
@@ -23,7 +23,7 @@ float32; the values are the raw sources.
                     checked. Full mode is block mode with one sublayer per block (b_n = f_n, the partial is never
                     read), and is implemented as exactly that.
 Output: one more mix with its own pseudo-query and key norm, over all block representations (full mode: all
-sources), feeds the final RMSNorm and the head, as in the Kimi paper. The seed-002 repository differs: it keeps a
+sources), feeds the final RMSNorm and the head, as in the Kimi paper. The Open AttnRes repository differs: it keeps a
 normal residual stream h = h + f and attends over snapshots of that stream (cumulative states). Here no residual
 stream exists; the sources are block sums of sublayer outputs.
 
@@ -78,7 +78,7 @@ Extra parameters: 2d per sublayer plus 2d for the output mix, 2d(2L + 1) in all:
 recency bias adds 2L + 1 scalars.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -91,26 +91,76 @@ VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the contr
 }
 
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints, which check_config() applies: min / max
+    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config):
+    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
+    for f in fields(config):
+        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
-    block_size: int = 256  # context length
-    n_layer: int = 6
-    n_head: int = 4
-    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
-    n_embd: int = 128
-    ffn_hidden: int = 512  # SwiGLU hidden size
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    bias: bool = False
-    tie_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE
-    head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
-    attn_res: str = "block"  # "block": sources are block sums; "full": every sublayer output is a source
-    n_blocks: int = 4  # block mode: the 2L sublayers form this many blocks of consecutive sublayers
-    recency_bias: float = 0.0  # added to every mix's logit of its most recent source (seed 002's fine-tuning)
-    recency_bias_learnable: bool = False  # True: one scalar parameter per mix, starting at recency_bias
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
+    attn_res: str = option("block", "block: sources are block sums; full: every sublayer output is a source",
+                           choices=("block", "full"))
+    n_blocks: int = option(4, "block mode: the 2L sublayers form this many blocks of consecutive sublayers", min=1)
+    recency_bias: float = option(0.0, "added to every mix's logit of its most recent source (the AttnRes "
+                                 "fine-tuning runs)")
+    recency_bias_learnable: bool = option(False, "true: one scalar parameter per mix, starting at recency_bias")
+
+    def __post_init__(self):
+        check_config(self)
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
+        if self.attn_res == "block" and self.n_blocks > 2 * self.n_layer:
+            raise ValueError(f"--n_blocks must be between 1 and 2 * n_layer = {2 * self.n_layer}, not {self.n_blocks}")
 
 
 class RMSNorm(nn.Module):
@@ -220,10 +270,6 @@ def block_ends(config):
     n_sub = 2 * config.n_layer
     if config.attn_res == "full":
         return set(range(n_sub))  # one sublayer per block: every output is a source
-    if config.attn_res != "block":
-        raise ValueError(f"attn_res must be 'block' or 'full', not {config.attn_res!r}")
-    if not 1 <= config.n_blocks <= n_sub:
-        raise ValueError(f"n_blocks must be between 1 and 2 * n_layer = {n_sub}, not {config.n_blocks}")
     # as even as possible, the first r blocks one unit longer; units are whole layers while there are enough
     units, per_unit = (config.n_layer, 2) if config.n_blocks <= config.n_layer else (n_sub, 1)
     q, r = divmod(units, config.n_blocks)

@@ -1,8 +1,10 @@
 """
-Skip-Layer Attention (SLA), and seed 000's ALA(-) baseline as an option.
+Skip-Layer Attention (SLA), and the Vertical Attention paper's ALA(-) baseline as an option.
 
-Paper: seed 001_984bc223411d18cc.txt, "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies
-in Transformers" (Chen et al., 2024). Baselines as seed 000 (000_871b86ab3602ad68.txt, section 4.1) used them.
+Paper (the SLA paper): "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies in Transformers", an
+anonymous ACL submission, cited as Chen et al., 2024 (arXiv 2406.11274); no public code (a listing in its
+appendix). Baselines as the Vertical Attention paper ("Vertical Attention: Automatic Exploration of Inter-Layer
+Connections in Transformer-Based Language Models", anonymous, section 4.1) used them.
 
 Everything is model_vanilla.py except which keys and values each query head attends to. With n_l = skip_layers,
 n_h = skip_heads, H query heads, layers l = 1..L, heads i = 1..H (the paper's equation):
@@ -20,12 +22,12 @@ Interpretations:
   l - n_l. If n_h cuts through a group, K and V are expanded to one head per query head for that layer; if
   every group reads one layer (always under MHA), K and V stay at H_kv heads and SDPA's GQA path is used.
 - skip_layers = skip_heads = -1 (default) resolve to the paper's recommendation round(3L/4), round(3H/4) with
-  Python's round (halves to even: L = 6 gives 4, as seed 000 chose for 50M). Seed 000's own settings, (4,1),
-  (6,3), (9,6) for 50m/100m/300m, are SIZE_DEFAULTS: train.py applies them with --size (or a recipe's size)
-  where the command line does not set skip_layers or skip_heads. skip_heads = 0 is model_vanilla.py.
+  Python's round (halves to even: L = 6 gives 4, as the Vertical Attention paper chose for 50M). That paper's
+  own settings, (4,1), (6,3), (9,6) for 50m/100m/300m, are SIZE_DEFAULTS: train.py applies them with --size (or a
+  recipe's size) where the command line does not set skip_layers or skip_heads. skip_heads = 0 is model_vanilla.py.
 - ALA(-): a head whose source would lie below layer 1 uses its own layer. With ala_every > 0 the SLA skip is
-  off, whatever skip_layers and skip_heads say (seed 000 ran them as separate baselines, ALA(-) with K = 2 at
-  every size: --ala_every 2).
+  off, whatever skip_layers and skip_heads say (the Vertical Attention paper ran them as separate baselines,
+  ALA(-) with K = 2 at every size: --ala_every 2).
 - Layers hand their post-RoPE (k, v) down through a list built in GPT.forward; with the key/value cache these
   are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
   is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads.
@@ -37,7 +39,7 @@ Interpretations:
 Extra parameters: 0. MODIFIED names the components that differ from model_vanilla.py.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -50,30 +52,76 @@ SIZE_DEFAULTS = {"50m": dict(skip_layers=4, skip_heads=1), "100m": dict(skip_lay
                  "300m": dict(skip_layers=9, skip_heads=6)}
 
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints, which check_config() applies: min / max
+    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config):
+    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
+    for f in fields(config):
+        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
-    block_size: int = 256  # context length
-    n_layer: int = 6
-    n_head: int = 4
-    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
-    n_embd: int = 128
-    ffn_hidden: int = 512  # SwiGLU hidden size
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    bias: bool = False
-    tie_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE
-    head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
-    skip_layers: int = -1  # n_l, the distance a skip head reaches down; -1: round(3 * n_layer / 4)
-    skip_heads: int = -1  # n_h, the last n_h query heads of every layer l > n_l skip; -1: round(3 * n_head / 4)
-    ala_every: int = 0  # K > 0: ALA(-) instead, the last layer's head i reads layer L - K*i (seed 000: K = 2)
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
+    skip_layers: int = option(-1, "n_l, the distance a skip head reaches down; -1: round(3 * n_layer / 4)", min=-1)
+    skip_heads: int = option(-1, "n_h, the last n_h query heads of every layer l > n_l skip; -1: round(3 * n_head / 4)",
+                             min=-1)
+    ala_every: int = option(0, "K > 0: ALA(-) instead, the last layer's head i reads layer L - K*i (K = 2 in the "
+                            "Vertical Attention paper)", min=0)
 
     def __post_init__(self):
-        if self.skip_layers < -1 or not -1 <= self.skip_heads <= self.n_head or self.ala_every < 0:
-            raise ValueError(f"need skip_layers >= -1, -1 <= skip_heads <= n_head ({self.n_head}) and ala_every >= 0, "
-                             f"got {self.skip_layers}, {self.skip_heads}, {self.ala_every}")
+        check_config(self)
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
+        if self.skip_layers >= self.n_layer or self.skip_heads > self.n_head:
+            raise ValueError(f"--skip_layers {self.skip_layers} must be below --n_layer {self.n_layer} and --skip_heads "
+                             f"{self.skip_heads} at most --n_head {self.n_head}")
 
     def skip_setting(self):
         """(n_l, n_h), with -1 resolved here (not at construction) so that changing n_layer/n_head keeps it right."""

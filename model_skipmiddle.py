@@ -1,8 +1,9 @@
 """
 Skip-middle: learned middle-out layer skipping with gated attention.
 
-Paper: seed 004_3cd1f9dae099ddfa.txt, "Learning to Skip the Middle Layers of Transformers" (Lawson and
-Aitchison, 2025); their code is tim-lawson/skip-middle (MIT), "the reference" below.
+Paper (the skip-middle paper): "Learning to Skip the Middle Layers of Transformers" (Tim Lawson and Laurence
+Aitchison, University of Bristol, 2025); their code is github.com/tim-lawson/skip-middle (MIT), "the reference"
+below.
 The model is model_vanilla.py with these changes (blocks l = 0..L-1, h the residual stream entering block l,
 g_j the gate of token j):
     embedding:  x = RMSNorm(Embed(idx))                                        (the paper's input norm)
@@ -101,38 +102,90 @@ Interpretations:
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
 and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
 """
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "KVCache", "CausalSelfAttention", "Block", "GPT")  # differ from model_vanilla.py
+SKIPS = True  # generate(skip=...) and forward_skip(): tokens whose gate is 0 skip their blocks for real
 VARIANTS = {"dense": dict(gated=False)}  # configurations the contract suite also tests
 GATE_EPS = 1e-6  # lower bound on g before the log of gated attention (paper section 2.2)
 
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints, which check_config() applies: min / max
+    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config):
+    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
+    for f in fields(config):
+        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
-    block_size: int = 256  # context length
-    n_layer: int = 6
-    n_head: int = 4
-    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
-    n_embd: int = 128
-    ffn_hidden: int = 512  # SwiGLU hidden size
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    bias: bool = False
-    tie_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE
-    head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
-    gated: bool = True  # False: the dense sandwich model, no gate parameters and plain causal attention
-    gate_init_std: float = 0.02  # gate weights ~ N(0, std), biases 0; 0 starts exactly dense (every g == 1)
-    gate_target: float = 0.5  # target mean gate of the middle block (1 at block 0, linear in between)
-    gate_gamma: float = 1e-3  # controller step size gamma
-    gate_delta: float = 1e-2  # controller tolerance delta: deviations within it leave a coefficient alone
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
+    gated: bool = option(True, "False: the dense sandwich model, no gate parameters and plain causal attention")
+    gate_init_std: float = option(0.02, "gate weights ~ N(0, std), biases 0; 0 starts exactly dense (every g == 1)",
+                                  min=0)
+    gate_target: float = option(0.5, "target mean gate of the middle block (1 at block 0, linear in between)",
+                                min=0, max=1)
+    gate_gamma: float = option(1e-3, "controller step size gamma", min=0)
+    gate_delta: float = option(1e-2, "controller tolerance delta: deviations within it leave a coefficient alone",
+                               min=0)
+
+    def __post_init__(self):
+        check_config(self)
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
+
 
 
 class RMSNorm(nn.Module):

@@ -1,8 +1,9 @@
 """
 Vertical Attention: a learned softmax over depth feeds every block a mix of all earlier layers' outputs.
 
-Paper: seeds/000_871b86ab3602ad68.txt, "Vertical Attention: Automatic Exploration of Inter-Layer Connections in
-Transformer-Based Language Models" (sections 3-4). The model is model_vanilla.py with one change in GPT.forward:
+Paper (the Vertical Attention paper): "Vertical Attention: Automatic Exploration of Inter-Layer Connections in
+Transformer-Based Language Models", by anonymous authors (under double-blind review; no public code), sections 3-4.
+The model is model_vanilla.py with one change in GPT.forward:
 block l (1-indexed) no longer reads the previous block's output but a per-token weighted average v^l of its sources
     h^1 = the embedding output,  h^i = the output of block i-1  (i = 2..l)
     alpha_l     = softmax(s_l),  s_l in R^l learned                                     (eqs. 1-2)
@@ -43,7 +44,7 @@ Interpretations:
   (under 0.1% of a 300m model's FLOPs).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -53,27 +54,76 @@ MODIFIED = ("GPTConfig", "GPT")  # components that differ from model_vanilla.py 
 VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": dict(va_init="recent")}
 
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints, which check_config() applies: min / max
+    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config):
+    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
+    for f in fields(config):
+        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
 @dataclass
 class GPTConfig:
-    vocab_size: int = 256  # the byte tokenizer; train.py sets it from the data's meta.json
-    block_size: int = 256  # context length
-    n_layer: int = 6
-    n_head: int = 4
-    n_kv_head: int = 2  # grouped-query attention: n_head must be a multiple of it
-    n_embd: int = 128
-    ffn_hidden: int = 512  # SwiGLU hidden size
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    bias: bool = False
-    tie_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE
-    head_dim: int = 0  # size of each attention head; 0 = n_embd // n_head
-    va_map: str = "learned"  # "learned" | "unet" | "inet" (the paper's fixed maps: no trainable scores)
-    va_init: str = "uniform"  # learned scores start at "uniform" (zeros) | "recent" (alpha 0.9 on the newest source)
-    va_lr: float = 0.01  # AdamW lr of the scores (paper; 1e-4, the model's lr, leaves the map frozen)
-    va_weight_decay: float = 0.01  # AdamW weight decay of the scores (paper)
-    va_eps: float = 1e-6  # inside each source's L2 norm: sqrt(sum h^2 + eps)
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
+    va_map: str = option("learned", "the vertical map: learned scores, or the paper's fixed unet / inet maps",
+                         choices=("learned", "unet", "inet"))
+    va_init: str = option("uniform", "learned scores start uniform (zeros) or recent (alpha 0.9 on the newest source)",
+                          choices=("uniform", "recent"))
+    va_lr: float = option(0.01, "AdamW lr of the scores (paper; the model's 1e-4 leaves the map frozen)", min=0)
+    va_weight_decay: float = option(0.01, "AdamW weight decay of the scores (paper)", min=0)
+    va_eps: float = option(1e-6, "inside each source's L2 norm: sqrt(sum h^2 + eps)", above=0)
+
+    def __post_init__(self):
+        check_config(self)
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
+
 
 
 class RMSNorm(nn.Module):
@@ -238,9 +288,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-        if config.va_map not in ("learned", "unet", "inet") or config.va_init not in ("uniform", "recent"):
-            raise ValueError(f"va_map must be learned|unet|inet and va_init uniform|recent, "
-                             f"not {config.va_map!r} and {config.va_init!r}")
         L = config.n_layer
         rows, cols = torch.tril_indices(L, L)  # where the flat scores [s_1; s_2; ...; s_L] sit in the L x L map
         self.register_buffer("va_rows", rows, persistent=False)

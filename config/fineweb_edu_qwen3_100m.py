@@ -1,4 +1,4 @@
-# Seed 002's recipe (Open Attention Residuals, "training from scratch") at its 100M shape, for every model
+# Open AttnRes's recipe (Open Attention Residuals, "training from scratch") at its 100M shape, for every model
 # (--model picks one):
 #   torchrun --standalone --nproc_per_node=gpu train.py config/fineweb_edu_qwen3_100m.py --model attnres \
 #       --out_dir out/attnres_100m/block

@@ -1,4 +1,4 @@
-# Seed 002's recipe (Open Attention Residuals, "training from scratch") at its 0.6B shape, for every model
+# Open AttnRes's recipe (Open Attention Residuals, "training from scratch") at its 0.6B shape, for every model
 # (--model picks one):
 #   torchrun --standalone --nproc_per_node=gpu train.py config/fineweb_edu_qwen3_600m.py --model attnres \
 #       --n_blocks 8 --out_dir out/attnres_600m/block

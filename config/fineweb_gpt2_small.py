@@ -1,5 +1,5 @@
-# Seed 004's recipe (Learning to Skip the Middle Layers, Table 2 and section 3.1), for every model (--model picks
-# one; the paper's are skipmiddle and, as its dense baselines, skipmiddle --gated=False with 2 to 12 layers):
+# The skip-middle paper's recipe (Table 2 and section 3.1), for every model (--model picks one;
+# the paper's are skipmiddle and, as its dense baselines, skipmiddle --gated=False with 2 to 12 layers):
 #   torchrun --standalone --nproc_per_node=gpu train.py config/fineweb_gpt2_small.py --model skipmiddle \
 #       --out_dir out/skipmiddle/gated_0.5
 # FineWeb (sample-10BT) with the GPT-2 tokenizer; Llama-3-style blocks at GPT-2 small's dimensions: d 768,

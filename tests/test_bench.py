@@ -8,7 +8,7 @@ import torch
 import bench
 import model_skipmiddle as sm
 import train
-from train import ConfigError
+from common import ConfigError, load_checkpoint
 
 
 def test_bench_table(tmp_path):
@@ -38,7 +38,7 @@ def test_bench_table(tmp_path):
 
 def test_bench_rejects_empty_measurements():
     for bad in ("--repeats=0", "--iters=0", "--warmup=-1"):
-        with pytest.raises(ConfigError, match="at least"):
+        with pytest.raises(ConfigError, match="or more"):
             bench.main(["--size=small", "--device=cpu", bad])
 
 
@@ -71,7 +71,7 @@ def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
     (row,) = bench.main([f"--checkpoint={out}", f"--data_dir={data_dir}", "--sample_tokens=4", "--device=cpu",
                          "--close_gates=1"])
     assert row["steps"] == 2 and row["skip_time_ratio"] > 0
-    model, _ = train.load_checkpoint(str(out))
+    model, _, _ = load_checkpoint(str(out))
     sparse, dense = model.estimated_flops(torch.tensor([0.0, 1.0, 1.0, 0.0]))
     assert row["est_flops_ratio"] == pytest.approx(sparse / dense)
     train.main(["--model=vanilla", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'v'}", "--max_iters=0",

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import common
 import train
 from conftest import ROOT, model_cases, model_names
 
@@ -26,7 +27,7 @@ def build(name, overrides, seed=0, **extra):
 def text_windows(data_dir, n, T, seed, split="train"):
     data = np.memmap(os.path.join(data_dir, "shakespeare", f"{split}.bin"), dtype=np.uint16, mode="r")
     offsets = torch.randint(len(data) - T - 1, (n,), generator=torch.Generator().manual_seed(seed))
-    return train.windows(data, offsets, T)
+    return common.windows(data, offsets, T)
 
 
 @pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
@@ -98,7 +99,7 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
             p.add_(0.01 * torch.randn_like(p))
     path = str(tmp_path / "ckpt.pt")
     train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": model.state_dict()})
-    loaded, _ = train.load_checkpoint(path)
+    loaded, _, _ = common.load_checkpoint(path)
     idx = torch.randint(0, TINY["vocab_size"], (2, 24))
     assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
     assert all("module." not in k and "_orig_mod" not in k for k in torch.load(path)["model"])

@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers", reason="tests/test_hf.py comp
 
 import export
 import hf
+import common
 import train
 from conftest import ROOT, model_names
 
@@ -85,7 +86,7 @@ def imported(hf_models, data_dir, tmp_path_factory):
 
 
 def load_run(run):
-    model, ckpt = train.load_checkpoint(run)
+    model, _, ckpt = common.load_checkpoint(run)
     return model.eval(), ckpt
 
 

@@ -81,7 +81,8 @@ def commands():
 
 
 def test_the_table_covers_every_paper_and_recipe(commands):
-    assert {paper for paper, _, _ in readme_rows()} == {"000", "001", "002", "003", "004"}
+    assert {paper for paper, _, _ in readme_rows()} == {"Vertical Attention", "SLA", "Open AttnRes", "AILA",
+                                                        "skip-middle"}  # the README's short names
     used = {os.path.basename(a[0])[:-3] for _, script, a, _ in commands if script == "train.py"}
     assert used == set(PAPERS)
     presets = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.py"))}
@@ -93,31 +94,31 @@ def test_training_runs_set_what_their_papers_did(commands):
     for _, script, argv, parsed in commands:
         if script != "train.py":
             continue
-        o, model_args, _ = parsed
+        o, model_args, _, _ = parsed
         recipe = os.path.basename(argv[0])[:-3]
         tokens, steps, lr, dataset = PAPERS[recipe]
-        assert model_args["block_size"] * o["batch_size"] * o["gradient_accumulation_steps"] == tokens, argv
-        assert o["max_iters"] == steps or "--max_iters" in argv, argv
-        assert o["learning_rate"] == lr and o["dataset"] == dataset, argv
-        assert o["gradient_accumulation_steps"] % 16 == 0, argv  # 1, 2, 4, 8 or 16 GPUs share it out
-        if o["model"] == "skiplayer" and o["size"]:  # seed 000's SLA at its sizes
-            assert (model_args["skip_layers"], model_args["skip_heads"]) == SEED_000_SLA[o["size"]], argv
-        if o["model"] == "vertical":
+        assert model_args["block_size"] * o.batch_size * o.gradient_accumulation_steps == tokens, argv
+        assert o.max_iters == steps or "--max_iters" in argv, argv
+        assert o.learning_rate == lr and o.dataset == dataset, argv
+        assert o.gradient_accumulation_steps % 16 == 0, argv  # 1, 2, 4, 8 or 16 GPUs share it out
+        if o.model == "skiplayer" and o.size:  # seed 000's SLA at its sizes
+            assert (model_args["skip_layers"], model_args["skip_heads"]) == SEED_000_SLA[o.size], argv
+        if o.model == "vertical":
             assert model_args["va_weight_decay"] == 0.01 and (model_args["va_lr"] == 0.01 or "--va_lr" in argv)
         if recipe == "fineweb_gpt2_small":  # seed 004 clips no gradients and decays no weights
-            assert o["grad_clip"] == 0 and o["weight_decay"] == 0
-        out_dirs.append(o["out_dir"])
+            assert o.grad_clip == 0 and o.weight_decay == 0
+        out_dirs.append(o.out_dir)
     assert len(out_dirs) == len(set(out_dirs)) and "out" not in out_dirs  # no run overwrites another
 
 
 def test_evaluations_read_runs_the_table_trains_on_data_it_prepares(commands):
-    trained = {o[0]["out_dir"] for _, script, _, o in commands if script == "train.py"}
+    trained = {o[0].out_dir for _, script, _, o in commands if script == "train.py"}
     read = [d for _, script, _, a in commands if script == "eval.py" for d in a.out_dir]
     read += [a.out_dir for _, script, _, a in commands if script == "sample.py"]
     assert read and set(read) <= trained
-    for paper in ("000", "001", "002", "004"):
+    for paper in ("Vertical Attention", "SLA", "Open AttnRes", "skip-middle"):
         prepared = {a.dataset for p, script, _, a in commands if p == paper and script == "prepare.py"}
-        used = {o[0]["dataset"] for p, script, _, o in commands if p == paper and script == "train.py"}
+        used = {o[0].dataset for p, script, _, o in commands if p == paper and script == "train.py"}
         assert used and used <= prepared, paper
     for _, script, _, a in commands:
         if script == "prepare.py":
@@ -126,24 +127,24 @@ def test_evaluations_read_runs_the_table_trains_on_data_it_prepares(commands):
 
 def test_size_defaults_fill_only_what_the_command_line_leaves():
     recipe = os.path.join(ROOT, "config", "fineweb_edu_50m.py")
-    _, m, _ = train.parse_args([recipe, "--model", "skiplayer", "--skip_heads", "2"])
+    _, m, _, _ = train.parse_args([recipe, "--model", "skiplayer", "--skip_heads", "2"])
     assert (m["n_layer"], m["n_embd"], m["skip_layers"], m["skip_heads"]) == (6, 192, 4, 2)
-    _, m, _ = train.parse_args(["--model", "skiplayer", "--size", "100m"])
+    _, m, _, _ = train.parse_args(["--model", "skiplayer", "--size", "100m"])
     assert (m["n_layer"], m["skip_layers"], m["skip_heads"]) == (8, 6, 3)
-    _, m, _ = train.parse_args(["--model", "skiplayer"])  # no size: seed 001's 3/4 rule
+    _, m, _, _ = train.parse_args(["--model", "skiplayer"])  # no size: seed 001's 3/4 rule
     assert (m["skip_layers"], m["skip_heads"]) == (-1, -1)
     recipe = os.path.join(ROOT, "config", "fineweb_edu_100m.py")
-    _, m, _ = train.parse_args([recipe, "--model", "vertical", "--n_layer", "4"])
+    _, m, _, _ = train.parse_args([recipe, "--model", "vertical", "--n_layer", "4"])
     assert (m["n_layer"], m["n_embd"], m["va_lr"]) == (4, 384, 0.01)
 
 
 def test_model_on_the_command_line_overrides_a_recipes_model(tmp_path):
     recipe = tmp_path / "recipe.py"
     recipe.write_text('model = "vertical"\nn_layer = 3\n')
-    o, m, module = train.parse_args([str(recipe)])
-    assert o["model"] == "vertical" and "va_lr" in m
-    o, m, module = train.parse_args([str(recipe), "--model", "vanilla"])
-    assert o["model"] == "vanilla" and module.__name__ == "model_vanilla" and m["n_layer"] == 3
+    o, m, module, _ = train.parse_args([str(recipe)])
+    assert o.model == "vertical" and "va_lr" in m
+    o, m, module, _ = train.parse_args([str(recipe), "--model", "vanilla"])
+    assert o.model == "vanilla" and module.__name__ == "model_vanilla" and m["n_layer"] == 3
 
 
 def test_a_recipe_trains_through_train_py(data_dir, tmp_path):

@@ -79,7 +79,7 @@ def test_eval_whole_split_and_logit_lens(run_dir, data_dir):
 # ---- bad input: one line naming the fix, non-zero exit, nothing saved lost ---------------------------------
 
 def test_unknown_model():
-    one_line_error(run("train.py", "--model", "nope"), "unknown model", "vanilla")
+    one_line_error(run("train.py", "--model", "nope"), "unknown --model", "vanilla")
 
 
 def test_unknown_option_and_wrong_type():
@@ -159,6 +159,6 @@ def test_ddp_resume_with_dropout_equals_uninterrupted(data_dir, tmp_path):
     assert [(r["iter"], "val_loss" in r) for r in b] == [(r["iter"], "val_loss" in r) for r in a]
     assert [r.get("loss", r.get("val_loss")) for r in b] == [r.get("loss", r.get("val_loss")) for r in a], (a, b)
     sa, sb = (torch.load(d / "ckpt.pt", weights_only=False) for d in (full, part))
-    assert sa["train_config"]["gradient_accumulation_steps"] == 2 and len(sa["rng"]["torch"]) == 2
+    assert sa["run"]["gradient_accumulation_steps"] == 2 and len(sa["rng"]["torch"]) == 2
     assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
     assert not (part / "ckpt.pt.tmp").exists()

@@ -79,10 +79,10 @@ def run_capturing(model, idx, pinned=None):
 def test_defaults_are_the_papers_recommendation():
     def setting(**kw):
         return sla.GPTConfig(**kw).skip_setting()
-    assert setting(n_layer=12, n_head=12, n_kv_head=4) == (9, 9)  # 3/4 of layers and heads (seed 001, 5.1-5.2)
-    assert setting(n_layer=8, n_head=6, n_kv_head=3) == (6, 4)  # round(4.5) = 4 (halves to even)
-    assert setting(n_layer=6, n_head=3, n_kv_head=1) == (4, 2)
-    assert setting(n_layer=12, n_head=12, n_kv_head=4, skip_layers=9, skip_heads=6) == (9, 6)  # explicit kept
+    assert setting(n_layer=12, n_head=12, n_kv_head=4, n_embd=768) == (9, 9)  # 3/4 of layers and heads (seed 001, 5.1-5.2)
+    assert setting(n_layer=8, n_head=6, n_kv_head=3, n_embd=384) == (6, 4)  # round(4.5) = 4 (halves to even)
+    assert setting(n_layer=6, n_head=3, n_kv_head=1, n_embd=192) == (4, 2)
+    assert setting(n_layer=12, n_head=12, n_kv_head=4, n_embd=768, skip_layers=9, skip_heads=6) == (9, 6)  # explicit kept
     for bad in (dict(skip_heads=5), dict(skip_layers=-2), dict(skip_heads=-3), dict(ala_every=-1)):
         with pytest.raises(ValueError):
             sla.GPTConfig(**{**SHAPE, **bad})

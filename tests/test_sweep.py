@@ -1,5 +1,6 @@
-"""bench.py's sweep: the aggregation over seeds on hand-made numbers, and a tiny two-seed sweep that is
-interrupted, resumed without retraining what it finished, and never reuses a run of another configuration."""
+"""sweep.py: the aggregation over seeds on hand-made numbers; a tiny two-seed sweep that is interrupted, resumed
+without retraining what it finished, and never reuses a run of another configuration; the ablations' points,
+which reuse the main table's runs by key, and every ablation's table and figure on a tiny run."""
 import json
 import math
 import os
@@ -8,8 +9,9 @@ import shutil
 import numpy as np
 import pytest
 
-import bench
+import sweep
 from conftest import ROOT
+from train import ConfigError
 
 
 def runs(label, losses):
@@ -17,7 +19,7 @@ def runs(label, losses):
 
 
 def test_aggregate_mean_std_and_paired_standard_error():
-    rows = bench.aggregate(
+    rows = sweep.aggregate(
         runs("vanilla", {1: 2.00, 2: 2.10, 3: 1.90}) +
         runs("steady", {1: 1.95, 2: 2.04, 3: 1.86}) +      # 0.05, 0.06, 0.04 below vanilla, seed by seed
         runs("noisy", {1: 2.10, 2: 2.00, 3: 1.95}) +       # +0.10, -0.10, +0.05: no consistent difference
@@ -48,22 +50,45 @@ def test_aggregate_mean_std_and_paired_standard_error():
     assert by["single"]["delta_se"] is None and not by["single"]["marked"]
 
 
-@pytest.fixture
-def small_data(data_dir, tmp_path):
-    """The prepared Shakespeare set with its validation split cut to 4,096 tokens: each run's final evaluation
-    over the whole split stays quick."""
+def test_frontier_pairs_each_run_with_the_dense_models_of_its_seed_at_the_same_x():
+    dense = [{"label": f"dense-{n}", "seed": s, "key": f"d{n}{s}", "val_loss": 3.0 - 0.2 * n - 0.01 * s}
+             for n in (1, 2, 3) for s in (1, 2)]
+    gated = [{"label": "gated", "seed": s, "key": f"g{s}", "val_loss": 2.5} for s in (1, 2)]
+    xs = {r["key"]: [("flops", "dense", 10.0 * int(r["label"][-1]))] for r in dense}
+    xs |= {"g1": [("flops", "gated", 15.0)], "g2": [("flops", "gated", 40.0)]}  # g2: more FLOPs than dense-3
+    pair = sweep.frontier_pair(dense + gated, xs, "dense")
+    assert pair(gated[0]) == pytest.approx((2.8 - 0.01 + 2.6 - 0.01) / 2)  # halfway between dense-1 and dense-2
+    assert pair(gated[1]) == pytest.approx(2.4 - 0.02)  # held at the largest dense model of its seed
+    assert pair(dense[0]) is None  # the reference series itself
+    row = sweep.aggregate(dense + gated, ["dense-1", "gated"], pair)[1]
+    assert row["n_pairs"] == 2 and row["delta"] == pytest.approx(((2.5 - 2.69) + (2.5 - 2.38)) / 2)
+
+
+def cut_data(data_dir, tmp_path, val_tokens):
+    """The prepared Shakespeare set with its validation split cut short: each run's final evaluation over the
+    whole split stays quick."""
     folder = tmp_path / "data" / "shakespeare"
     shutil.copytree(os.path.join(data_dir, "shakespeare"), folder)
     meta = json.load(open(folder / "meta.json"))
-    np.fromfile(folder / "val.bin", dtype=meta["dtype"])[:4096].tofile(folder / "val.bin")
-    json.dump({**meta, "val_tokens": 4096}, open(folder / "meta.json", "w"))
+    np.fromfile(folder / "val.bin", dtype=meta["dtype"])[:val_tokens].tofile(folder / "val.bin")
+    json.dump({**meta, "val_tokens": val_tokens}, open(folder / "meta.json", "w"))
     return str(tmp_path / "data")
 
 
-def sweep(data_dir, tmp_path, *extra):
-    return bench.main(["--size=small", "--block_size=32", "--batch_size=2", "--device=cpu", "--runs=vertical",
+@pytest.fixture
+def small_data(data_dir, tmp_path):
+    return cut_data(data_dir, tmp_path, 4096)
+
+
+@pytest.fixture
+def tiny_data(data_dir, tmp_path):
+    return cut_data(data_dir, tmp_path, 1024)
+
+
+def run_sweep(data_dir, tmp_path, *extra):
+    return sweep.main(["--size=small", "--block_size=32", "--batch_size=2", "--device=cpu", "--runs=vertical",
                        "--train_iters=4", "--seeds=2", "--eval_points=2", f"--data_dir={data_dir}",
-                       f"--results={tmp_path / 'results'}", f"--runs_dir={tmp_path / 'runs'}",
+                       f"--results={tmp_path / 'results'}", f"--runs_dir={tmp_path / 'runs'}", "--reuse=",
                        "--train_args=--eval_iters=1 --n_layer=2", *extra])
 
 
@@ -71,12 +96,13 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
     data_dir = small_data
     readme_before = open(os.path.join(ROOT, "README.md")).read()
     json_path = tmp_path / "results" / "results.json"
-    sweep(data_dir, tmp_path, "--max_runs", "3")  # stops after 3 of the 4 runs (vanilla, vertical) x (1337, 1338)
+    run_sweep(data_dir, tmp_path, "--max_runs", "3")  # stops after 3 of the 4 runs (vanilla, vertical) x (1337, 1338)
     first = json.load(open(json_path))["runs"]
     assert [(r["label"], r["seed"]) for r in first] == [("vanilla", 1337), ("vertical", 1337), ("vanilla", 1338)]
+    assert "**In progress: 3 of 4 runs** (every point of seed 1337)" in open(tmp_path / "results" / "RESULTS.md").read()
     stamps = {p: os.path.getmtime(tmp_path / "runs" / p / "ckpt.pt") for p in os.listdir(tmp_path / "runs")}
 
-    rows = sweep(data_dir, tmp_path)  # the same command again: trains only the missing run
+    rows = run_sweep(data_dir, tmp_path)  # the same command again: trains only the missing run
     saved = json.load(open(json_path))
     assert saved["runs"][:3] == first and (saved["runs"][3]["label"], saved["runs"][3]["seed"]) == ("vertical", 1338)
     assert {p: os.path.getmtime(tmp_path / "runs" / p / "ckpt.pt") for p in stamps} == stamps  # none retrained
@@ -84,6 +110,7 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
     for r in saved["runs"]:
         assert r["steps"] == 4 and math.isfinite(r["val_loss"]) and r["val_tokens"] == 4095
         assert [p[0] for p in r["curve"]] == [0, 2 * 2 * 32, 4 * 2 * 32]  # tokens seen at each evaluation
+        assert 0 < r["cpu_seconds"]
     by = {r["label"]: r for r in rows}
     losses = {(r["label"], r["seed"]): r["val_loss"] for r in saved["runs"]}
     assert by["vertical"]["delta"] == pytest.approx(((losses["vertical", 1337] - losses["vanilla", 1337]) +
@@ -91,20 +118,125 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
     assert saved["summary"] == rows
     table = open(tmp_path / "results" / "RESULTS.md").read()
     assert f"| vertical | 2 | {by['vertical']['mean']:.4f} ± {by['vertical']['std']:.4f} |" in table
-    assert "| vanilla | 2 |" in table
-    assert "--max_runs" not in table and "--runs=vertical" in table  # the command that regenerates the table
+    assert "| vanilla | 2 |" in table and "In progress" not in table
+    assert "--max_runs" not in table and "`python sweep.py --size=small" in table and "--runs=vertical" in table
+    assert saved["command"][0] == "sweep.py"
     try:
         import matplotlib  # noqa: F401
         assert (tmp_path / "results" / "curves.png").stat().st_size > 10_000
     except ImportError:
         assert not (tmp_path / "results" / "curves.png").exists()
 
-    sweep(data_dir, tmp_path, "--eval_batch_size=8", "--seed=1338", "--seeds=1")  # the same runs: none trained
+    run_sweep(data_dir, tmp_path, "--eval_batch_size=8", "--seed=1338", "--seeds=1")  # the same runs: none trained
     assert len(json.load(open(json_path))["runs"]) == 4
     changed_lr = "--train_args=--eval_iters=1 --n_layer=2 --learning_rate=2e-3"
-    assert sweep(data_dir, tmp_path, "--table_only", changed_lr) == []  # new configuration, nothing trained
+    assert run_sweep(data_dir, tmp_path, "--table_only", changed_lr) == []  # new configuration, nothing trained
     assert len(json.load(open(json_path))["runs"]) == 4
-    sweep(data_dir, tmp_path, "--max_runs=1", changed_lr)
+    run_sweep(data_dir, tmp_path, "--max_runs=1", changed_lr)
     changed = json.load(open(json_path))["runs"]
     assert len(changed) == 5 and changed[4]["label"] == "vanilla" and changed[4]["key"] != first[0]["key"]
     assert open(os.path.join(ROOT, "README.md")).read() == readme_before  # only --update_readme rewrites it
+
+
+def plans(data_dir, *extra):
+    """{ablation (or "" for the main table): {label: (options, key) of seed 1337}} at the main table's budget."""
+    args = sweep.parse_args([f"--data_dir={data_dir}", *extra])
+    meta = sweep.read_meta(data_dir, "shakespeare")
+    shape = sweep.model_shape(args, meta)
+    out = {}
+    for s in [sweep.main_sweep(args)] + [sweep.ablation_sweep(name, args) for name in sweep.ABLATIONS]:
+        out[s["name"]] = {label: (options, key) for label, options, key in
+                          sweep.plan(s, shape, args, "cpu", "float32", meta)[args.seed]}
+    return out
+
+
+def test_ablation_points_and_the_main_table_runs_they_reuse(data_dir):
+    p = plans(data_dir)
+    main = p[""]
+    assert list(p["skipmiddle"]) == ([f"dense-{n}" for n in range(1, 7)] +
+                                     ["gated-1.0", "gated-0.75", "gated-0.5", "gated-0.25", "gated-0.0",
+                                      "gated-nocontrol", "gated-0.5-paper"])
+    assert "--n_layer=3" in p["skipmiddle"]["dense-3"][0] and "--gated=False" in p["skipmiddle"]["dense-3"][0]
+    assert {"--gate_target=0.25", "--gate_gamma=0.01"} <= set(p["skipmiddle"]["gated-0.25"][0])
+    assert "--gate_gamma=0.0" in p["skipmiddle"]["gated-nocontrol"][0]
+    assert list(p["va_lr"]) == ["vanilla", "va_lr-1e-4", "va_lr-1e-3", "va_lr-1e-2", "va_lr-1e-1"]
+    assert "--va_lr=0.0001" in p["va_lr"]["va_lr-1e-4"][0]
+    assert list(p["skiplayer"]) == ["vanilla", "nl1-nh2", "nl2-nh2", "nl3-nh2", "nl4-nh2", "nl5-nh2",
+                                    "nl4-nh1", "nl4-nh3", "nl4-nh4"]
+    assert {"--skip_layers=5", "--skip_heads=2"} <= set(p["skiplayer"]["nl5-nh2"][0])
+    assert list(p["attnres_blocks"]) == ["vanilla", "blocks-1", "blocks-2", "blocks-3", "blocks-4", "blocks-6",
+                                         "blocks-8", "full"]
+    # the model defaults are the main table's runs, by key: copied, not trained again
+    same = {("skipmiddle", "dense-6"): "skipmiddle-dense", ("skipmiddle", "gated-0.5-paper"): "skipmiddle",
+            ("va_lr", "vanilla"): "vanilla", ("va_lr", "va_lr-1e-2"): "vertical",
+            ("skiplayer", "nl4-nh3"): "skiplayer", ("attnres_blocks", "blocks-4"): "attnres",
+            ("attnres_blocks", "full"): "attnres-full"}
+    for (ablation, label), main_label in same.items():
+        assert p[ablation][label] == main[main_label], (ablation, label)
+    new = {(a, label) for a in sweep.ABLATIONS for label in p[a]} - set(same) - {(a, "vanilla") for a in p}
+    assert len(new) == 11 + 3 + 7 + 5  # trained by the ablations: 26 per seed
+    assert all(p[a][label][1] not in {key for _, key in main.values()} for a, label in new)
+    saved = sweep.saved_runs(os.path.join(ROOT, "results", "results.json"))  # the committed main table holds them
+    for seed in ("--seed=1337", "--seed=1338", "--seed=1339"):
+        q = plans(data_dir, seed)
+        assert all(q[a][label][1] in saved for a, label in same), seed
+
+    # the x-axes read the resolved configs: the defaults' values come from the model files
+    args = sweep.parse_args([f"--data_dir={data_dir}"])
+    shape = sweep.model_shape(args, sweep.read_meta(data_dir, "shakespeare"))
+    for name, want in {"va_lr": {"va_lr-1e-2": 0.01, "va_lr-1e-1": 0.1}, "attnres_blocks": {"blocks-4": 4, "full": 12},
+                       "skiplayer": {"nl4-nh3": 3, "nl2-nh2": 2}}.items():
+        s = sweep.ablation_sweep(name, args)
+        configs = sweep.point_configs(s, {"shape": shape})
+        for label, x in want.items():
+            assert s["x"](configs[label], {})[-1][2] == x, (name, label)
+    s = sweep.ablation_sweep("skiplayer", args)
+    configs = sweep.point_configs(s, {"shape": shape})
+    assert [a[2] for a in s["x"](configs["nl4-nh2"], {})] == [4, 2]  # on both axes: Table 1's and Table 2's
+    s = sweep.ablation_sweep("skipmiddle", args)
+    configs = sweep.point_configs(s, {"shape": shape})
+    flops = [s["x"](configs[f"dense-{n}"], {})[0][2] for n in range(1, 7)]
+    assert all(b > a for a, b in zip(flops, flops[1:]))
+    assert s["x"](configs["gated-0.5"], {"est_flops_ratio": 0.5})[0][2] == pytest.approx(flops[-1] / 2)
+
+
+def test_ablation_options_are_checked(data_dir):
+    for bad in (["--ablation=nope"], ["--ablation=va_lr", "--n_layer=12"], ["--ablation=va_lr", "--runs=vertical"]):
+        with pytest.raises(ConfigError):
+            sweep.main([f"--data_dir={data_dir}", "--table_only", *bad])
+
+
+def test_every_ablation_on_a_tiny_run(tiny_data, tmp_path):
+    """One command for all four, a few points each, two seeds: vanilla is trained once per seed and copied into
+    the other ablations; each gets its results.json, RESULTS.md (In progress while points are missing) and figure."""
+    points = "vanilla,dense-1,gated-0.0,va_lr-1e-1,nl4-nh2,blocks-1"  # nl4-nh2: on Table 1's and Table 2's axes
+    args = ["--ablation=all", "--block_size=32", "--batch_size=2", "--device=cpu", "--train_iters=2", "--seeds=2",
+            "--eval_points=1", f"--data_dir={tiny_data}", f"--results={tmp_path / 'results'}",
+            f"--runs_dir={tmp_path / 'runs'}", "--reuse=", "--train_args=--eval_iters=1"]
+    sweep.main([*args, f"--runs={points}"])
+    assert len(os.listdir(tmp_path / "runs")) == 2 * 6  # 6 labels, vanilla trained once per seed
+    saved = {a: json.load(open(tmp_path / "results" / "ablations" / a / "results.json")) for a in sweep.ABLATIONS}
+    assert [(r["label"], r["seed"]) for r in saved["skipmiddle"]["runs"]] == [
+        (label, seed) for seed in (1337, 1338) for label in ("dense-1", "gated-0.0")]
+    vanilla = [r for r in saved["va_lr"]["runs"] if r["label"] == "vanilla"]
+    for a in ("skiplayer", "attnres_blocks"):
+        copies = [r for r in saved[a]["runs"] if r["label"] == "vanilla"]
+        assert [c["val_loss"] for c in copies] == [v["val_loss"] for v in vanilla] and all(c["reused"] for c in copies)
+    gated = {r["seed"]: r for r in saved["skipmiddle"]["runs"] if r["label"] == "gated-0.0"}
+    assert all("est_flops_ratio" in r["stats"] and "gate2_zero" in r["stats"] for r in gated.values())
+    rows = {r["label"]: r for r in saved["skipmiddle"]["summary"]}
+    assert rows["dense-1"]["delta"] is None and rows["gated-0.0"]["n_pairs"] == 2  # against the dense frontier
+    table = open(tmp_path / "results" / "ablations" / "skipmiddle" / "RESULTS.md").read()
+    assert "Learning to Skip the Middle Layers" in table and "| dense-1 | 2 |" in table and "(reference)" in table
+    assert "`python sweep.py --ablation skipmiddle --block_size=32" in table and "--runs=" in table
+    assert "In progress" not in table
+    try:
+        import matplotlib  # noqa: F401
+        for a in sweep.ABLATIONS:
+            assert (tmp_path / "results" / "ablations" / a / "figure.png").stat().st_size > 10_000, a
+    except ImportError:
+        pass
+
+    sweep.main([*args, "--table_only", f"--runs={points},va_lr-1e-3"])  # one more point: planned, not trained
+    table = open(tmp_path / "results" / "ablations" / "va_lr" / "RESULTS.md").read()
+    assert "**In progress: 4 of 6 runs**" in table and len(os.listdir(tmp_path / "runs")) == 2 * 6

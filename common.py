@@ -1,0 +1,459 @@
+"""
+What train.py, sample.py, eval.py, bench.py, sweep.py and prepare.py share: options, the error boundary, the
+device, prepared data and checkpoints.
+
+Options. Every script declares its options once, as the fields of a dataclass made with option() (the same
+helper the model files use for their GPTConfig): default, --help text and constraints side by side. parse()
+turns those dataclasses into one command line, and check_config() (from the model files) applies the
+constraints, to values from config files too. Only leading arguments are config files (`train.py
+config/x.py --max_iters 10`): a value such as `--out_dir run.py` is a value.
+
+Errors. A mistake in the user's input raises ConfigError; main_boundary() turns it, and the other failures
+the user can fix (a file that cannot be written: disk full, read-only folder), into one `error: ...` line and
+exit code 1. Anything else keeps its traceback: that is a bug to fix.
+"""
+import argparse
+import dataclasses
+import errno
+import glob
+import importlib
+import json
+import os
+import sys
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from model_vanilla import check_config, option  # noqa: F401 (option: the scripts declare their options with it)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# dense bf16 peak FLOP/s by GPU name, for MFU; the first name found in the device's name wins
+PEAK_FLOPS = [
+    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
+]
+
+# size presets from the Vertical Attention paper's Table 2 (its names; the counts change with the vocabulary)
+SIZES = {
+    "50m": dict(n_embd=192, ffn_hidden=768, n_head=3, n_layer=6, n_kv_head=1),
+    "100m": dict(n_embd=384, ffn_hidden=1536, n_head=6, n_layer=8, n_kv_head=3),
+    "300m": dict(n_embd=768, ffn_hidden=3072, n_head=12, n_layer=12, n_kv_head=4),
+}
+
+
+class ConfigError(Exception):
+    """A mistake in the user's input (or a failure the user can fix), reported as one line."""
+
+
+def fail(message):
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every process fails alike: one line is enough
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def main_boundary(main):
+    """Run main(argv) as a script: the expected failure classes end in one `error:` line, the rest in a traceback."""
+    try:
+        main(sys.argv[1:])
+    except ConfigError as e:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        fail(str(e))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                           errno.EISDIR, errno.ENOTDIR):
+            raise
+        fail(f"cannot write or read {e.filename or 'a file'}: {e.strerror}; free some space or choose another "
+             "folder, then run the same command again")
+    except KeyboardInterrupt:
+        fail("interrupted; nothing was lost that had been saved")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# options
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors as one line (the usage block hides the message)."""
+
+    def error(self, message):
+        if message.startswith("unrecognized arguments") and ".py" in message:
+            message += " (preset files go first, before every --option)"
+        raise ConfigError(f"{message}; see {os.path.basename(sys.argv[0])} --help")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows the docstring as written and every option's default."""
+
+
+def str2bool(s):
+    if isinstance(s, bool):
+        return s
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def add_options(parser, config_class, title, defaults=None):
+    """One --name option per field of config_class, typed, with its help text, choices and default."""
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(config_class):
+        default = (defaults or {}).get(f.name, f.default)
+        rule, kind = f.metadata, f.type
+        doc = rule.get("doc", "")
+        if "choices" in rule:
+            doc += f" (choices: {', '.join(map(str, rule['choices']))})"
+        if kind is bool:
+            group.add_argument(f"--{f.name}", type=str2bool, nargs="?", const=True, default=default, help=doc,
+                               metavar="BOOL")
+        elif kind is tuple:  # one or more strings
+            group.add_argument(f"--{f.name}", nargs="+", default=default, help=doc, metavar="STR")
+        else:
+            group.add_argument(f"--{f.name}", type=kind, default=default, help=doc, metavar=kind.__name__.upper())
+
+
+def split_config_files(argv):
+    """(config files, the rest): config files are the leading arguments that are not options."""
+    n = 0
+    while n < len(argv) and not argv[n].startswith("-"):
+        n += 1
+    return argv[:n], argv[n:]
+
+
+def read_config_file(path):
+    """The assignments of a preset file (python), without names starting with _."""
+    values = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path} ({getattr(e, 'strerror', None) or e})")
+    try:
+        exec(compile(source, path, "exec"), {}, values)
+    except SyntaxError as e:
+        raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds python assignments)")
+    except Exception as e:
+        raise ConfigError(f"config file {path} fails: {type(e).__name__}: {e}; fix the file")
+    return {k: v for k, v in values.items() if not k.startswith("_")}
+
+
+def explicit_options(argv):
+    """The option names given on a command line."""
+    return {a.split("=")[0][2:] for a in argv if a.startswith("--")}
+
+
+def make_config(config_class, values, source=""):
+    """config_class(**values), its constraints checked; ConfigError names the option (and where it came from)."""
+    try:
+        return config_class(**values)
+    except ValueError as e:
+        raise ConfigError(f"{e}{source}")
+
+
+def validated(config):
+    """config after check_config() and check_paths(), as a ConfigError."""
+    try:
+        check_config(config)
+    except ValueError as e:
+        raise ConfigError(str(e))
+    check_paths(config)
+    return config
+
+
+def check_paths(config):
+    """The options declared with path=True name files or folders the file system can hold: no NUL byte, and no
+    part of the path longer than 255 bytes (the limit of common file systems)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        for path in (value if isinstance(value, tuple) else (value,)) if f.metadata.get("path") else ():
+            if "\0" in path or any(len(os.fsencode(part)) > 255 for part in path.replace(",", os.sep).split(os.sep)):
+                raise ConfigError(f"--{f.name} {path[:40]!r}...: no file or folder can have that name (a NUL byte, "
+                                  "or a part longer than 255 bytes); choose another")
+
+
+def parse_simple(config_class, argv, doc):
+    """The options of a script without config files: its dataclass from the command line, checked."""
+    parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
+    add_options(parser, config_class, "options")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
+    return validated(make_config(config_class, values))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# models
+
+def model_names():
+    return sorted(os.path.basename(p)[6:-3] for p in glob.glob(os.path.join(HERE, "model_*.py")))
+
+
+def load_model_module(name):
+    if name not in model_names():
+        raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(model_names())}")
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    return importlib.import_module(f"model_{name}")
+
+
+def build_model(module, model_args, source):
+    """module.GPT of model_args (a dict); ConfigError names the option the model file rejects."""
+    known = {f.name for f in dataclasses.fields(module.GPTConfig)}
+    extra = set(model_args) - known
+    if extra:
+        raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
+                          "does not know; it was saved by another version of that file")
+    config = make_config(module.GPTConfig, model_args, f" ({module.__name__}.py, from {source})")
+    return module.GPT(config)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# device and precision, for every script
+
+def resolve_device(name):
+    """The torch.device of a --device option (auto: CUDA where there is a GPU, else CPU), or ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = " (this torch is a CPU build)" if torch.version.cuda is None else ""
+            raise ConfigError(f"--device {name}: no CUDA GPU is available here{build}; use --device cpu or auto")
+        if (device.index or 0) >= count:
+            raise ConfigError(f"--device {name}: there are {count} GPU(s) here, cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps: MPS is not available here; use --device cpu or auto")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {name} is not supported; use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+DTYPES = ("auto", "float32", "bfloat16")  # float16 would need loss scaling, which train.py does not do
+
+
+def resolve_dtype(name, device):
+    """'float32' or 'bfloat16' for a --dtype option (auto: bfloat16 on a CUDA GPU that has it)."""
+    if name == "auto":
+        return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--dtype bfloat16: this GPU has no bfloat16; use float32")
+    return name
+
+
+def autocast(device, dtype):
+    """The mixed-precision context of a resolved dtype: bf16 autocast, or nothing for float32."""
+    return nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def peak_flops(device, given):
+    if given > 0:
+        return given
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((flops for key, flops in PEAK_FLOPS if key in name), 0.0)
+    return 0.0  # unknown: MFU is not reported
+
+
+def hardware_name(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    threads = torch.get_num_threads()
+    return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prepared data: data/<dataset>/{train,val}.bin + meta.json from prepare.py
+
+REDO = "run prepare.py again to remake the data set"
+
+
+def read_meta(data_dir, dataset):
+    """meta.json of a prepared data set, checked; ConfigError names the fix."""
+    folder = os.path.join(data_dir, dataset)
+    meta_path = os.path.join(folder, "meta.json")
+    if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
+        raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); run "
+                          f"`python prepare.py --dataset {dataset}` first, or point --data_dir at its folder")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{meta_path} is not readable JSON ({e}); {REDO}")
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{meta_path} is not a JSON object; {REDO}")
+    missing = [k for k in ("tokenizer", "vocab_size", "dtype") if k not in meta]
+    if missing:
+        raise ConfigError(f"{meta_path} lacks {', '.join(missing)}; {REDO}")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise ConfigError(f"{meta_path} names dtype {meta['dtype']!r}; prepare.py writes uint16 or uint32; {REDO}")
+    if type(meta["vocab_size"]) is not int or meta["vocab_size"] < 1:
+        raise ConfigError(f"{meta_path} names vocab_size {meta['vocab_size']!r}; {REDO}")
+    return meta
+
+
+def split_tokens(data_dir, dataset, split, meta):
+    """The number of tokens in split.bin, after checking that the file is whole and matches meta.json."""
+    path = os.path.join(data_dir, dataset, f"{split}.bin")
+    if not os.path.isfile(path):
+        raise ConfigError(f"no {path}; {REDO}")
+    size, itemsize = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
+    if size % itemsize:
+        raise ConfigError(f"{path} holds {size} bytes, not a whole number of {meta['dtype']} tokens: it is cut "
+                          f"short or meta.json names the wrong dtype; {REDO}")
+    n = size // itemsize
+    if meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
+        raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
+                          f"{REDO}")
+    return n
+
+
+def check_splits(data_dir, dataset, meta, block_size, vocab_size):
+    """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
+    for split in ("train", "val"):
+        n = split_tokens(data_dir, dataset, split, meta)
+        if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
+            raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
+                              f"{block_size}; lower --block_size to {max(1, n - 2)} or less, or prepare more data")
+        data = open_split(data_dir, dataset, split, meta)
+        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
+        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
+        if top >= vocab_size:
+            raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
+                              f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
+                              "again to remake the data set")
+
+
+def open_split(data_dir, dataset, split, meta):
+    # a fresh memmap per call: numpy's memmap otherwise holds pages and leaks memory over long runs
+    return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+def windows(data, offsets, T):
+    """(x, y) of the windows of T + 1 tokens at offsets: inputs and next-token targets, each (len(offsets), T)."""
+    x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in offsets.tolist()])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in offsets.tolist()])
+    return x, y
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints: out_dir/ckpt.pt, written by train.py
+
+def checkpoint_path(out_dir):
+    return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
+
+
+def read_checkpoint(path, keys=("model_name", "model_args", "model")):
+    """The dict train.py saved at path, holding at least `keys`; ConfigError for a missing, truncated, empty or
+    foreign file (a bare state_dict), so that train --resume, sample.py and eval.py all say it in one line."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir "
+                          f"{os.path.dirname(path) or '.'}`")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch.load's errors differ by damage: zip reader, unpickler, EOF
+        reason = " ".join(str(e).split())[:120] or type(e).__name__
+        raise ConfigError(f"cannot read the checkpoint {path} ({reason}): the file is truncated, empty or not a "
+                          "checkpoint; restore it from a copy or train again")
+    if not isinstance(ckpt, dict) or "model_name" not in ckpt:
+        bare = isinstance(ckpt, dict) and ckpt and all(torch.is_tensor(v) for v in ckpt.values())
+        raise ConfigError(f"{path} is not a checkpoint of train.py: it has no model_name"
+                          f"{' (it is a bare state_dict)' if bare else ''}; train.py saves the model name, both "
+                          "configs and the weights together")
+    missing = [k for k in keys if k not in ckpt]
+    if missing:
+        raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not saved by this version of train.py")
+    return ckpt
+
+
+def load_state(model, state, model_name, path):
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[1].strip() if "\n" in str(e) else str(e)
+        raise ConfigError(f"{path} does not fit model_{model_name}.py ({first[:200]}); "
+                          "it was saved by another version of that file")
+
+
+def load_checkpoint(out_dir, device="cpu", keys=("model_name", "model_args", "model")):
+    """(model, module, checkpoint dict) from out_dir/ckpt.pt (or a .pt path), or ConfigError with the fix."""
+    path = checkpoint_path(out_dir)
+    ckpt = read_checkpoint(path, keys)
+    module = load_model_module(ckpt["model_name"])
+    model = build_model(module, ckpt["model_args"], path)
+    load_state(model, ckpt["model"], ckpt["model_name"], path)
+    return model.to(device), module, ckpt
+
+
+def describe_run(ckpt):
+    """'step N, T tokens seen' of a checkpoint, for the scripts that read one."""
+    step = ckpt.get("iter_num")
+    if step is None:
+        return "step unknown"
+    tokens = ckpt.get("tokens_seen")
+    return f"step {step:,}" + (f", {tokens:,} tokens seen" if tokens is not None else "")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run folder train.py writes: a lock, an append-only log, atomic checkpoints
+
+def lock_out_dir(out_dir):
+    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(os.path.join(out_dir, ".lock"), "a")
+    except OSError as e:
+        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
+    try:
+        import fcntl
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass  # no fcntl (Windows): no lock
+    except OSError:
+        handle.close()
+        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
+    return handle
+
+
+def settle_log(out_dir, resume_step):
+    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
+    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
+    log_path = os.path.join(out_dir, "log.jsonl")
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
+    if not os.path.exists(log_path):
+        return
+    keep, move = [], []
+    with open(log_path, "rb") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["iter"]
+            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+                step = None
+            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
+            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
+    if move:
+        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
+            f.writelines(move)
+    with open(log_path + ".tmp", "wb") as f:
+        f.writelines(keep)
+    os.replace(log_path + ".tmp", log_path)
+
+
+def save_checkpoint(path, ckpt):
+    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
+    tmp = path + ".tmp"
+    try:
+        torch.save(ckpt, tmp)
+    except (OSError, RuntimeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
+                          "or choose another --out_dir; the previous checkpoint is kept")
+    os.replace(tmp, path)

@@ -1,0 +1,780 @@
+"""
+Results sweeps: every model, or one paper's ablation, trained by train.py with one budget and several seeds.
+
+    python sweep.py --size small --train_iters 500 --seeds 3 --update_readme      # the main table: every label
+    python sweep.py --ablation va_lr --update_readme                              # one paper's own ablation
+    python sweep.py --ablation skipmiddle,va_lr,skiplayer,attnres_blocks          # several, seed 1 of all first
+    python sweep.py --size small --train_iters 500 --seeds 3 --table_only         # tables and figures only
+
+A sweep is a list of (label, model file, config overrides). Each label is trained with each of --seeds seeds
+(the seed sets the initialisation and the order of the training windows) with the same data, batch, lr and
+steps, then evaluated on the whole validation split. A run's key is a hash of all its train.py options and the
+data set's meta.json: <results>/results.json keeps every run by key and is written after each run, so the same
+command run again skips what it holds and continues a cut-off run from its checkpoint (a sweep can be finished
+over several sittings), a changed option never reuses a stale run, and a run that another results.json already
+holds under the same key (--reuse: the main table's vanilla, say) is copied in instead of trained again.
+
+Outputs, rewritten after every run: results.json (every run: final loss, validation curve, stats(), options),
+RESULTS.md (val loss mean ± std over seeds; the paired same-seed difference to the reference ± its standard
+error) and a figure, and with --update_readme README.md's copy of RESULTS.md between its
+`<!-- <folder>:start -->` and `<!-- <folder>:end -->` markers. The main table goes to --results (curves.png);
+--ablation NAME to <results>/ablations/NAME/ (figure.png). The ablations, at the small 6-layer shape:
+  skipmiddle      Learning to Skip the Middle Layers of Transformers (Lawson and Aitchison), Figure 2: gated
+                  skip-middle at several final mean-gate targets against dense models of 1 to 6 layers, on
+                  estimated forward FLOPs per token
+  va_lr           Vertical Attention, Figures 7-8: the learning rate of the vertical scores
+  skiplayer       Skip-Layer Attention, Tables 1-2: skip layers n_l and skip heads n_h
+  attnres_blocks  Attention Residuals (Kimi Team; open reproduction by Luo and Cai): 1 to 2L blocks
+"""
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common import (DTYPES, SIZES, ConfigError, load_checkpoint, load_model_module, main_boundary, option,
+                    parse_simple, read_meta)
+from eval import evaluate_split, import_pyplot
+from train import TrainConfig
+from train import main as train_main  # train.py's entry point, called in-process
+
+# ----------------------------------------------------------------------------------------------------------
+# what is trained: the main table's labels and the papers' ablations
+
+# (label, model file, config overrides): each method's default and the variants its paper compares
+RUNS = [
+    ("vanilla", "vanilla", {}),
+    ("vertical", "vertical", {}),
+    ("vertical-unet", "vertical", dict(va_map="unet")),
+    ("vertical-inet", "vertical", dict(va_map="inet")),
+    ("skiplayer", "skiplayer", {}),
+    ("skiplayer-ala", "skiplayer", dict(ala_every=2)),
+    ("attnres", "attnres", {}),
+    ("attnres-full", "attnres", dict(attn_res="full")),
+    ("aila", "aila", {}),
+    ("aila-arch1", "aila", dict(aila_arch=1)),
+    ("aila-residual", "aila", dict(aila_merge="residual")),
+    ("skipmiddle", "skipmiddle", {}),
+    ("skipmiddle-dense", "skipmiddle", dict(gated=False)),
+]
+
+# The papers' names, by model file: the figures group and colour the labels by these.
+PAPERS = {
+    "vanilla": ("baseline", None),
+    "vertical": ("Vertical Attention", "Blues"),
+    "skiplayer": ("Skip-Layer Attention", "Greens"),
+    "attnres": ("Attention Residuals", "Oranges"),
+    "aila": ("AILA", "Purples"),
+    "skipmiddle": ("Skip the Middle Layers", "Reds"),
+}
+
+# How an ablation's figure reads its x-axis: x(config, stats) -> [(axis label, series, x value), ...] from the
+# run's resolved GPTConfig and its stats(); points of one axis label share a panel, of one series a line
+# (vanilla, where an ablation has it, is drawn across every panel instead).
+# A point whose overrides are {} is the model file's default: the main table's run of that model, reused.
+
+GATE_GAMMA = 1e-2  # skipmiddle's controller step for its ablation (the paper's 1e-3 barely moves in 500 steps)
+
+
+def skipmiddle_x(config, stats):
+    """Estimated forward FLOPs per token (the paper's Figure 2): the model's dense count times its gates'
+    est_flops_ratio (1 for a dense model), in MFLOPs."""
+    with torch.device("meta"):  # the count reads only the config and the number of gates
+        model = load_model_module("skipmiddle").GPT(config)
+    dense = model.estimated_flops(torch.zeros(config.n_layer))[1]
+    mflops = dense * stats.get("est_flops_ratio", 1.0) / 1e6
+    if not config.gated:
+        series = "dense, 1 to 6 layers"
+    elif config.gate_gamma == 0:
+        series = "gated, no sparsity control"
+    elif config.gate_gamma != GATE_GAMMA:
+        series = f"gated, gamma {config.gate_gamma:g} (the paper's)"
+    else:
+        series = f"gated, gamma {config.gate_gamma:g}, targets 1 to 0"
+    return [("estimated forward FLOPs per token (millions)\n(a block is free for a token whose gate is 0 there)",
+             series, mflops)]
+
+
+def va_lr_x(config, stats):
+    return [("va_lr, the AdamW lr of the vertical scores (model lr 1e-3)", "vertical, learned map", config.va_lr)]
+
+
+def skiplayer_x(config, stats):
+    """Table 1 varies n_l at half the heads, Table 2 n_h at 3/4 of the layers (here 4 of 6)."""
+    n_l, n_h = config.skip_setting()
+    axes = []
+    if n_h == config.n_head // 2:
+        axes.append((f"n_l, skip layers (n_h = {n_h} of {config.n_head} heads; Table 1)", "SLA", n_l))
+    if n_l == 4:
+        axes.append((f"n_h, skip heads (n_l = 4 of {config.n_layer} layers; Table 2)", "SLA", n_h))
+    return axes
+
+
+def attnres_x(config, stats):
+    n = 2 * config.n_layer if config.attn_res == "full" else config.n_blocks
+    return [(f"n_blocks ({2 * config.n_layer} = one sublayer per block = full)", "block AttnRes", n)]
+
+
+ABLATIONS = {
+    "skipmiddle": dict(
+        paper="Learning to Skip the Middle Layers of Transformers (Lawson and Aitchison), Figure 2",
+        claim="at the paper's scales, skipping does not improve the trade-off between validation loss and "
+              "estimated FLOPs over dense models with fewer layers",
+        points=[(f"dense-{n}", "skipmiddle", dict(gated=False, n_layer=n)) for n in range(1, 7)] +
+               [(f"gated-{t}", "skipmiddle", dict(gate_target=t, gate_gamma=GATE_GAMMA))
+                for t in (1.0, 0.75, 0.5, 0.25, 0.0)] +
+               [("gated-nocontrol", "skipmiddle", dict(gate_gamma=0.0)),
+                ("gated-0.5-paper", "skipmiddle", {})],  # gamma 1e-3, target 0.5: the main table's skipmiddle
+        x=skipmiddle_x, xscale="linear", frontier="dense, 1 to 6 layers",
+        stats=r"^est_flops_ratio$|^gate\d+_(zero|mean)$"),
+    "va_lr": dict(
+        paper="Vertical Attention, Figures 7-8",
+        claim="too small a learning rate of the scores leaves the map frozen, too large makes it unstable; "
+              "1e-3 to 1e-2 learn it smoothly",
+        points=[("vanilla", "vanilla", {})] +
+               [(f"va_lr-{lr}", "vertical", dict(va_lr=float(lr)) if lr != "1e-2" else {})
+                for lr in ("1e-4", "1e-3", "1e-2", "1e-1")],  # 1e-2 is the default: the main table's vertical
+        x=va_lr_x, xscale="log", stat="va_entropy", stats=r"entropy$"),
+    "skiplayer": dict(
+        paper="Skip-Layer Attention, Tables 1-2",
+        claim="n_l of about 3/4 of the layers is best and a skip of one layer gives nothing (Table 1); about "
+              "3/4 of the heads is best and too few skip heads give little (Table 2)",
+        points=[("vanilla", "vanilla", {})] +
+               [(f"nl{n}-nh2", "skiplayer", dict(skip_layers=n, skip_heads=2)) for n in range(1, 6)] +
+               [("nl4-nh1", "skiplayer", dict(skip_layers=4, skip_heads=1)),
+                ("nl4-nh3", "skiplayer", {}),  # round(3L/4), round(3H/4): the main table's skiplayer
+                ("nl4-nh4", "skiplayer", dict(skip_layers=4, skip_heads=4))],
+        x=skiplayer_x, xscale="linear", stats=r"^$"),
+    "attnres_blocks": dict(
+        paper="Attention Residuals (Kimi Team; open reproduction by Luo and Cai), block versus full",
+        claim="block AttnRes (about 4 to 8 blocks) beats full AttnRes, whose many sources differ too little",
+        points=[("vanilla", "vanilla", {})] +
+               [(f"blocks-{n}", "attnres", dict(n_blocks=n) if n != 4 else {}) for n in (1, 2, 3, 4, 6, 8)] +
+               [("full", "attnres", dict(attn_res="full"))],  # 4 blocks and full: the main table's runs
+        x=attnres_x, xscale="linear", stats=r"entropy$"),
+}
+MAIN_STATS = r"flops|entropy$"  # the stats() the main table shows
+
+
+@dataclass
+class SweepConfig:
+    ablation: str = option("", "'' = the main table; else a comma-separated list of " + ", ".join(ABLATIONS) +
+                           " (or all): their runs seed by seed, so that every ablation gets its first seed first")
+    runs: str = option("", "comma-separated labels to train; '' = all of the sweep's (main: " +
+                       ", ".join(r[0] for r in RUNS) + "); vanilla is always trained where the sweep has it")
+    size: str = option("small", "model shape: a preset, or small = the model files' default (the CPU shape)",
+                       choices=("small", *SIZES))
+    n_layer: int = option(0, "number of layers; 0 = the --size shape's", min=0)
+    block_size: int = option(256, "sequence length", min=1)
+    batch_size: int = option(8, "sequences per training step", min=1)
+    train_iters: int = option(500, "training steps per run", min=1)
+    seeds: int = option(3, "seeds per label: --seed, --seed + 1, ...", min=1, max=1000)
+    seed: int = option(TrainConfig.seed, "the first seed", min=0, max=2**32 - 1001)
+    eval_points: int = option(10, "validation evaluations per run (the curves)", min=1)
+    train_args: str = option("--learning_rate=1e-3 --eval_iters=10", "further train.py options, the same for every "
+                             "run")
+    dataset: str = option("shakespeare", "data set from prepare.py")
+    data_dir: str = option("data", "folder of the prepared data sets", path=True)
+    device: str = option("auto", "auto (cuda where available), cpu, cuda")
+    dtype: str = option("auto", "auto (bfloat16 on CUDA), float32, bfloat16", choices=DTYPES)
+    eval_batch_size: int = option(16, "windows per forward of the final evaluation", min=1)
+    results: str = option("results", "folder of the main table's results.json, RESULTS.md and curves.png; "
+                          "ablations write to its ablations/NAME/", path=True)
+    runs_dir: str = option("out/sweep", "folder of the runs' checkpoints and logs", path=True)
+    reuse: str = option("results/results.json", "comma-separated results.json files whose runs of the same key are "
+                        "copied in, not trained again; '' = none", path=True)
+    max_runs: int = option(0, "stop after this many newly trained runs; 0 = all", min=0)
+    table_only: bool = option(False, "train nothing: write the tables and figures from the runs the results hold")
+    update_readme: bool = option(False, "also rewrite README.md's copy of each table")
+
+
+def parse_args(argv):
+    return parse_simple(SweepConfig, argv, __doc__)
+
+
+def main(argv):
+    args = parse_args(argv)
+    names = list(ABLATIONS) if args.ablation == "all" else [a for a in args.ablation.split(",") if a]
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown:
+        raise ConfigError(f"unknown --ablation {', '.join(unknown)}; choose from {', '.join(ABLATIONS)} or all")
+    device, dtype = device_and_dtype(args)
+    meta = read_meta(args.data_dir, args.dataset)
+    shape = model_shape(args, meta)
+    if names and shape["n_layer"] != 6:
+        raise ConfigError(f"the ablations are defined at 6 layers (their points name layer counts), not {shape['n_layer']}")
+
+    sweeps = [main_sweep(args)] if not names else [ablation_sweep(n, args) for n in names]
+    labels = {label for s in sweeps for label, *_ in s["points"]}
+    wanted = set(args.runs.split(",")) if args.runs else labels
+    if wanted - labels:
+        raise ConfigError(f"unknown --runs {', '.join(sorted(wanted - labels))}; choose from {', '.join(sorted(labels))}")
+    for s in sweeps:
+        s["points"] = [p for p in s["points"] if p[0] in wanted or p[0] in s["always"]]
+        s["plan"] = plan(s, shape, args, device.type, dtype, meta)
+    seeds = [args.seed + i for i in range(args.seeds)]
+    header = {"hardware": hardware(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
+              "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
+              "train_iters": args.train_iters, "seeds": seeds, "train_args": args.train_args}
+    return run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv)
+
+
+def device_and_dtype(args):
+    """The device, and the dtype name of the runs: auto is bfloat16 on CUDA where supported (and on a machine
+    without CUDA, so that it can --table_only a GPU sweep), else float32."""
+    try:
+        device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    except RuntimeError:
+        raise ConfigError(f"unknown --device {args.device!r}; use auto, cpu, cuda or cuda:N")
+    bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.type == "cuda" and (
+        not torch.cuda.is_available() or torch.cuda.is_bf16_supported()))
+    return device, "bfloat16" if bf16 else "float32"
+
+
+def model_shape(args, meta):
+    """The shared model options of every run (their order is part of the run keys)."""
+    shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=meta["vocab_size"])
+    if args.size == "small":  # the model files' own defaults: written out, for the record
+        defaults = load_model_module("vanilla").GPTConfig()
+        shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
+    if args.n_layer:
+        shape["n_layer"] = args.n_layer
+    return shape
+
+
+def main_sweep(args):
+    return dict(name="", results=args.results, points=RUNS, always={"vanilla"}, figure="curves.png",
+                reference="vanilla", stats=MAIN_STATS)
+
+
+def ablation_sweep(name, args):
+    spec = ABLATIONS[name]
+    return dict(spec, name=name, results=os.path.join(args.results, "ablations", name), figure="figure.png",
+                always={"vanilla"} & {p[0] for p in spec["points"]}, reference=spec.get("frontier", "vanilla"))
+
+
+def hardware(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else "CUDA"
+    threads = torch.get_num_threads()
+    return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the plan: every (label, seed) run's train.py options and key
+
+def train_options(name, overrides, seed, shape, args, device, dtype):
+    """The train.py options of one run: everything that shapes its result (not where it is written)."""
+    return [f"--model={name}", f"--dataset={args.dataset}", f"--max_iters={args.train_iters}",
+            f"--batch_size={args.batch_size}", f"--seed={seed}", f"--device={device}", f"--dtype={dtype}",
+            f"--eval_interval={max(1, args.train_iters // args.eval_points)}",
+            *[f"--{k}={v}" for k, v in {**shape, **overrides}.items()], *args.train_args.split()]
+
+
+def run_key(options, meta):
+    """A run's identity: its train.py options and the data set it reads. A changed option is a new run."""
+    blob = json.dumps({"options": options, "data": meta}, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def plan(sweep, shape, args, device, dtype, meta):
+    """{seed: [(label, options, key), ...]} in the sweep's label order."""
+    return {seed: [(label, options, run_key(options, meta)) for label, name, overrides in sweep["points"]
+                   for options in [train_options(name, overrides, seed, shape, args, device, dtype)]]
+            for seed in (args.seed + i for i in range(args.seeds))}
+
+
+def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
+    """Train what the sweeps' results do not hold, seed by seed and sweep by sweep within a seed (so that paired
+    differences come early and every sweep gets its first seed first). After every run, rewrite that sweep's
+    results.json and table; after each seed of a sweep, its figure. Returns the last sweep's summary rows."""
+    known = {}  # every run on record by key: --reuse files, then each sweep's own results.json
+    for path in [p for p in args.reuse.split(",") if p] + [os.path.join(s["results"], "results.json") for s in sweeps]:
+        known.update(saved_runs(path))
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    trained, stopped, stale = 0, False, {s["results"] for s in sweeps}  # stale: figures to redraw
+    for seed in seeds:
+        for s in sweeps:
+            new = False
+            for label, options, key in s["plan"][seed]:
+                if key in saved_runs(os.path.join(s["results"], "results.json")):
+                    continue
+                if key in known:  # the same run in another results.json: copied under this sweep's label
+                    record = {**known[key], "label": label, "reused": True}
+                elif args.table_only or (args.max_runs and trained == args.max_runs):
+                    stopped = True
+                    continue
+                else:
+                    done, total = count_done(s), sum(map(len, s["plan"].values()))
+                    print(f"training {s['name'] or 'main'}: {label}, seed {seed} ({done + 1} of {total})", file=sys.stderr)
+                    record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta)
+                    trained += 1
+                known[key] = record
+                save_run(s, record, header, argv)
+                report(s, header, args, argv)
+                new = True
+            if new:
+                report(s, header, args, argv, figure=True)
+                stale.discard(s["results"])
+    if stopped:
+        print(f"stopped after {trained} new runs; the same command without --max_runs or --table_only goes on "
+              "from here", file=sys.stderr)
+    rows = []
+    for s in sweeps:
+        rows = report(s, header, args, argv, figure=s["results"] in stale, final=True)
+    return rows
+
+
+def count_done(sweep):
+    saved = saved_runs(os.path.join(sweep["results"], "results.json"))
+    return sum(key in saved for runs in sweep["plan"].values() for *_, key in runs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one run: train (or finish) it, then evaluate it on the whole validation split
+
+def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
+    """Train one (label, seed) run with the shared budget (or finish it), then evaluate the whole val split.
+    train_seconds: wall time of the training; cpu_seconds: this process's CPU time, training and evaluation."""
+    out_dir = os.path.join(args.runs_dir, f"{label}-seed{seed}-{key}")
+    path = os.path.join(out_dir, "ckpt.pt")
+    steps = torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.exists(path) else 0
+    t0, cpu0 = time.time(), time.process_time()
+    if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
+        train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}", *(["--resume"] if steps else [])])
+    seconds = time.time() - t0
+    model, _, ckpt = load_checkpoint(out_dir, device)
+    model.eval()
+    T = model.config.block_size
+    val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+    loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
+    evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        for record in map(json.loads, f):
+            if "val_loss" in record:
+                evals[record["iter"]] = record["val_loss"]
+    return {"label": label, "seed": seed, "key": key, "options": options,
+            "val_loss": loss[-1].item(), "val_tokens": count, "steps": ckpt["iter_num"],
+            "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
+            "cpu_seconds": round(time.process_time() - cpu0, 1),
+            "params": sum(p.numel() for p in model.parameters()),
+            "stats": model.stats() if hasattr(model, "stats") else {},
+            "curve": [[it * args.batch_size * T, v] for it, v in sorted(evals.items())]}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# results.json
+
+def saved_runs(json_path):
+    """The runs a results.json holds, by key ({} where there is none)."""
+    runs = json.load(open(json_path)).get("runs", []) if os.path.exists(json_path) else []
+    return {r["key"]: r for r in runs}
+
+
+def save_run(sweep, record, header, argv):
+    """Add one run to the sweep's results.json, keeping what a sweep beside this one wrote meanwhile, and the
+    runs of other configurations (unused). The header describes the machine of the latest run trained."""
+    json_path = os.path.join(sweep["results"], "results.json")
+    os.makedirs(sweep["results"], exist_ok=True)
+    saved = json.load(open(json_path)) if os.path.exists(json_path) else {}
+    runs = {**saved_runs(json_path), record["key"]: record}
+    head = {**header, "command": command(sweep, argv)}
+    if record.get("reused") and "hardware" in saved:
+        head.update({k: saved[k] for k in ("hardware", "torch")})
+    write_json(json_path, {**saved, **head, "runs": list(runs.values())})
+
+
+def command(sweep, argv):
+    """The command that regenerates this sweep: argv less --max_runs and --table_only, one ablation only."""
+    kept = without_options(argv, "--max_runs", "--table_only", "--ablation")
+    return ["sweep.py", *(["--ablation", sweep["name"]] if sweep["name"] else []), *kept]
+
+
+def without_options(argv, *names):
+    """argv less the named options, in either form (--name=value or --name value)."""
+    kept, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+        elif a.split("=")[0] in names:
+            skip = "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        else:
+            kept.append(a)
+    return kept
+
+
+def write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # atomic: an interrupted sweep never leaves a broken results.json
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the summary: mean ± std over seeds, and the paired difference to the reference ± its standard error
+
+def aggregate(runs, labels, pair=None):
+    """Per label: val loss mean and std over seeds, and the paired (same-seed) difference to the reference: its
+    mean and standard error, marked when |mean| > 2 SE (which needs two or more pairs). pair(run) is the
+    reference's loss for that run's seed, or None; by default vanilla's run of the same seed."""
+    if pair is None:
+        base = {r["seed"]: r["val_loss"] for r in runs if r["label"] == "vanilla"}
+        pair = lambda r: base.get(r["seed"]) if r["label"] != "vanilla" else None  # noqa: E731
+    rows = []
+    for label in labels:
+        group = [r for r in runs if r["label"] == label]
+        if not group:
+            continue
+        values = [r["val_loss"] for r in group]
+        diffs = [r["val_loss"] - ref for r in group for ref in [pair(r)] if ref is not None]
+        row = {"label": label, "n": len(values), "mean": statistics.fmean(values),
+               "std": statistics.stdev(values) if len(values) > 1 else None,
+               "n_pairs": len(diffs), "delta": statistics.fmean(diffs) if diffs else None,
+               "delta_se": statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None}
+        row["marked"] = row["delta_se"] is not None and abs(row["delta"]) > 2 * row["delta_se"]
+        rows.append(row)
+    return rows
+
+
+def point_configs(sweep, header):
+    """{label: the resolved GPTConfig} of the sweep's points."""
+    return {label: load_model_module(name).GPTConfig(**{**header["shape"], **overrides})
+            for label, name, overrides in sweep["points"]}
+
+
+def frontier_pair(runs, xs, series):
+    """pair() for a Δ against the runs of one series (the dense models) at the same x (estimated FLOPs), of the
+    same seed: their loss interpolated linearly in x, and held at the ends (a point above the largest dense
+    model's FLOPs is compared with that model). The series' own runs get no pair."""
+    def pair(run):
+        ref = sorted((x, r["val_loss"]) for r in runs if r["seed"] == run["seed"]
+                     for ax, s, x in xs[r["key"]] if s == series)
+        if not ref or any(s == series for _, s, _ in xs[run["key"]]):
+            return None
+        return float(np.interp(xs[run["key"]][0][2], [x for x, _ in ref], [v for _, v in ref]))
+    return pair
+
+
+def report(sweep, header, args, argv, figure=False, final=False):
+    """Summary rows of the sweep's planned runs on record; writes results.json's header and summary, RESULTS.md,
+    with figure its figure, with --update_readme README.md's copy, and with final prints the table. While no
+    planned run is on record, RESULTS.md (and README.md's copy) only say so. The machine named is the one
+    results.json names, that of the latest run trained. Returns the rows."""
+    json_path = os.path.join(sweep["results"], "results.json")
+    saved = json.load(open(json_path)) if os.path.exists(json_path) else {}
+    done = saved_runs(json_path)
+    planned = [key for seed in sorted(sweep["plan"]) for *_, key in sweep["plan"][seed]]
+    runs = [done[key] for key in planned if key in done]
+    head = {**header, **{k: saved[k] for k in ("hardware", "torch") if k in saved}, "command": command(sweep, argv)}
+    labels = [label for label, *_ in sweep["points"]]
+    configs = point_configs(sweep, header)
+    models = {label: name for label, name, _ in sweep["points"]}
+    xs = {r["key"]: sweep["x"](configs[r["label"]], r["stats"]) if models[r["label"]] != "vanilla" else []
+          for r in runs} if "x" in sweep else {}  # vanilla is drawn as a line across, not as a point
+    pair = frontier_pair(runs, xs, sweep["reference"]) if "frontier" in sweep else None
+    rows = aggregate(runs, labels, pair)
+    if runs:
+        write_json(json_path, {**saved, **head, "summary": rows})
+    table = results_table(sweep, rows, runs, head, len(planned))
+    os.makedirs(sweep["results"], exist_ok=True)
+    with open(os.path.join(sweep["results"], "RESULTS.md"), "w") as f:
+        f.write(table)
+    if args.update_readme:
+        update_readme(table, sweep["results"])
+    if final:
+        print(table)
+    path = os.path.join(sweep["results"], sweep["figure"])
+    if figure and runs and "x" in sweep:
+        plot_ablation(sweep, rows, runs, xs, configs, path)
+    elif figure and runs:
+        plot_curves(sweep, rows, runs, path)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tables
+
+def results_table(sweep, rows, runs, header, n_planned):
+    by_label = {}
+    for r in runs:
+        by_label.setdefault(r["label"], []).append(r)
+    shape, steps, batch = header["shape"], header["train_iters"], header["batch_size"]
+    hours = sum(r["train_seconds"] for r in runs) / 3600
+    lines = []
+    if sweep["name"]:
+        lines += [f"{sweep['paper']}. The paper's claim: {sweep['claim']}.", ""]
+    lines += [
+        f"`python {shlex.join(header['command'])}` on {header['hardware']}, {header['dtype']}, torch "
+        f"{header['torch']}: {header['size']} shape ({', '.join(f'{k} {v}' for k, v in shape.items())}), "
+        f"data set `{header['dataset']}`, {steps} steps of {batch} x {shape['block_size']} tokens "
+        f"({steps * batch * shape['block_size']:,} tokens), seeds {', '.join(map(str, header['seeds']))}, "
+        f"train.py options `{header['train_args']}`; " + (
+            f"{len(runs)} run{'s' if len(runs) > 1 else ''}, {hours:.2f} hours of training in all{cost(runs)}. Validation loss over the whole "
+            f"validation split ({runs[0]['val_tokens']:,} tokens) as mean ± std over seeds; Δ = the mean of the "
+            f"same-seed differences to {reference_text(sweep)} ± its standard error, **bold** where |Δ| > 2 SE."
+            if runs else f"{len(sweep['points'])} labels x {len(header['seeds'])} seeds."),
+    ]
+    if not runs:
+        return "\n".join(lines + ["", f"**In progress: 0 of {n_planned} runs**; the same command trains them."]) + "\n"
+    if len(runs) < n_planned:
+        lines += ["", f"**In progress: {len(runs)} of {n_planned} runs** ({seeds_done(sweep, runs)}); the same "
+                      "command trains the rest, and the reading follows when every seed is in."]
+    lines += ["", "| model | seeds | val loss | Δ vs " + ("reference" if sweep["name"] else "vanilla") +
+              " | reading | params | extra params | stats (mean over seeds) |", "|---|---|---|---|---|---|---|---|"]
+    base = by_label.get("vanilla", [{}])[0].get("params")
+    for row in rows:
+        group = by_label[row["label"]]
+        loss = f"{row['mean']:.4f}" + (f" ± {row['std']:.4f}" if row["std"] is not None else "")
+        if row["delta"] is None:
+            delta, reading = "", ("(reference)" if sweep["name"] else "(baseline)") if is_reference(sweep, row) \
+                else "no pair"
+        else:
+            delta = f"{row['delta']:+.4f}" + (f" ± {row['delta_se']:.4f}" if row["delta_se"] is not None else "")
+            delta = f"**{delta}**" if row["marked"] else delta
+            reading = (("better" if row["delta"] < 0 else "worse") if row["marked"] else
+                       "within noise" if row["delta_se"] is not None else "one seed: no SE")
+        stats = [{k: v for k, v in r["stats"].items() if isinstance(v, (int, float))} for r in group]
+        shown = ", ".join(f"{k} {statistics.fmean(s[k] for s in stats):.3g}" for k in stats[0]
+                          if re.search(sweep["stats"], k) and all(k in s for s in stats))
+        params = group[0]["params"]
+        extra = f"{params - base:,}" if base is not None else ""
+        lines.append(f"| {row['label']} | {row['n']} | {loss} | {delta} | {reading} | {params:,} | {extra} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
+def cost(runs):
+    """The CPU time of the runs trained with its record (older runs and copies lack it)."""
+    timed = [r for r in runs if "cpu_seconds" in r and not r.get("reused")]
+    if not timed:
+        return ""
+    reused = sum(bool(r.get("reused")) for r in runs)
+    return (f" ({len(timed)} trained here in {sum(r['cpu_seconds'] for r in timed) / 3600:.2f} CPU hours with "
+            f"their evaluation" + (f"; {reused} copied from other results under the same key" if reused else "") + ")")
+
+
+def reference_text(sweep):
+    if "frontier" in sweep:
+        return "the dense models of the same seed at the same estimated FLOPs (interpolated between layer counts)"
+    return "vanilla"
+
+
+def is_reference(sweep, row):
+    return row["label"] == "vanilla" or ("frontier" in sweep and row["label"].startswith("dense-"))
+
+
+def seeds_done(sweep, runs):
+    have = {(r["label"], r["seed"]) for r in runs}
+    labels = [label for label, *_ in sweep["points"]]
+    full = [seed for seed in sorted(sweep["plan"]) if all((label, seed) in have for label in labels)]
+    return (f"every point of seed{'s' if len(full) > 1 else ''} {', '.join(map(str, full))}" if full
+            else "the first seed not yet complete")
+
+
+def update_readme(table, results):
+    """Replace README.md's copy of the table between its markers for this results folder."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+    text = open(readme).read()
+    tag = os.path.normpath(results)
+    marked = re.compile(rf"(<!-- {re.escape(tag)}:start -->\n).*?(<!-- {re.escape(tag)}:end -->)", re.S)
+    if not marked.search(text):
+        print(f"note: README.md has no <!-- {tag}:start --> marker; its table is left alone", file=sys.stderr)
+        return
+    with open(readme, "w") as f:
+        f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# figures
+
+def colours(labels, models, plt):
+    """A colour per label: vanilla black, each paper's labels in shades of its own colour map."""
+    out = {}
+    for model in dict.fromkeys(models.values()):
+        group = [label for label in labels if models[label] == model]
+        cmap = PAPERS.get(model, (model, "Greys"))[1]
+        for i, label in enumerate(group):
+            out[label] = "black" if cmap is None else plt.get_cmap(cmap)(0.9 - 0.45 * i / max(1, len(group) - 1))
+    return out
+
+
+def delta_panel(ax, rows, colour, models, reference):
+    """The verdict: each label's paired Δ with a bar of ± 2 SE, filled where |Δ| > 2 SE, grouped by paper with a
+    gap between papers, and Δ ± SE written beside as the table gives it."""
+    rows = [row for row in rows if row["delta"] is not None]
+    y, at = [], 0.0
+    for i, row in enumerate(rows):
+        at -= 1.6 if i and models[row["label"]] != models[rows[i - 1]["label"]] else 1.0
+        y.append(at)
+    for yi, row in zip(y, rows):
+        c = colour[row["label"]]
+        ax.errorbar(row["delta"], yi, xerr=2 * row["delta_se"] if row["delta_se"] is not None else None, fmt="o",
+                    color=c, markerfacecolor=c if row["marked"] else "white", capsize=3, markersize=7)
+        verdict = (("better" if row["delta"] < 0 else "worse") if row["marked"] else
+                   "within noise" if row["delta_se"] is not None else "one seed: no SE")
+        se = f" ± {row['delta_se']:.3f}" if row["delta_se"] is not None else ""
+        ax.annotate(f"{row['delta']:+.3f}{se}  {verdict}", (1.01, yi), xycoords=("axes fraction", "data"),
+                    va="center", fontsize=8, fontweight="bold" if row["marked"] else "normal")
+    ax.axvline(0, color="black", linewidth=2, label=f"{reference} (Δ = 0)")
+    ax.set_yticks(y, [f"{row['label']} (n={row['n_pairs']})" for row in rows])
+    for tick, row in zip(ax.get_yticklabels(), rows):
+        tick.set_color(colour[row["label"]])
+    ax.set(xlabel=f"paired Δ val loss to {reference}\n(bars: ± 2 SE over seeds; written: Δ ± SE, as in the table)",
+           ylim=(min(y, default=0) - 0.7, max(y, default=0) + 0.7),
+           title="what the verdict rests on (filled: |Δ| > 2 SE)")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+
+
+def plot_curves(sweep, rows, runs, path):
+    """The main table: validation curves (mean over seeds; vanilla bold black with its seeds' range) from the
+    first evaluation after the start, a zoom on the last 40% of the run, and the paired differences to vanilla
+    with their 2-SE bars; labels grouped and coloured by paper."""
+    plt = import_pyplot()
+    if plt is None:
+        print("note: no matplotlib, so no figure (pip install matplotlib)", file=sys.stderr)
+        return
+    models = {label: name for label, name, _ in sweep["points"]}
+    colour = colours([row["label"] for row in rows], models, plt)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(18, 7), gridspec_kw={"width_ratios": [3, 2]})
+    zoom = ax.inset_axes([0.36, 0.36, 0.62, 0.6])
+    handles, styles, top, bottom, first, late = [], ["-", "--", ":", "-."], [], [], [], []
+    for i, row in enumerate(rows):
+        label, model = row["label"], models[row["label"]]
+        curves = [r["curve"] for r in runs if r["label"] == label]
+        steps = min(len(c) for c in curves)
+        tokens = np.array([p[0] for p in curves[0][:steps]]) / 1e6
+        losses = np.array([[p[1] for p in c[:steps]] for c in curves])
+        if i == 0 or models[rows[i - 1]["label"]] != model:  # a legend heading per paper
+            handles.append(ax.plot([], [], " ", label=PAPERS.get(model, (model,))[0])[0])
+        nth = sum(models[r["label"]] == model for r in rows[:i])
+        vanilla = label == "vanilla"
+        for a in (ax, zoom):
+            line = a.plot(tokens, losses.mean(0), styles[nth % 4], color=colour[label], label=f"  {label}",
+                          linewidth=3 if vanilla else 1.3, zorder=3 if vanilla else 2)[0]
+            if vanilla and len(curves) > 1:
+                band = a.fill_between(tokens, losses.min(0), losses.max(0), color="black", alpha=0.15,
+                                      linewidth=0, label="  its seeds, min to max")
+        handles.append(line)
+        if vanilla and len(curves) > 1:
+            handles.append(band)
+        first.append(tokens[min(1, steps - 1)])
+        top.append(losses.mean(0)[min(1, steps - 1)])  # at the first evaluation after the start
+        bottom.append(losses.mean(0).min())
+        late += [(t, v) for t, v in zip(tokens, losses.mean(0)) if t >= 0.6 * tokens[-1]]
+    span = max(top) - min(bottom)
+    ax.set(xlabel="tokens seen (millions)", ylabel="validation loss (nats/token) on 80 fixed windows",
+           xlim=(0.95 * min(first), None), ylim=(min(bottom) - 0.03 * span, max(top) + 0.03 * span),
+           title="validation loss during training, mean over seeds")
+    lo, hi = min(v for _, v in late), max(v for _, v in late)
+    if len({t for t, _ in late}) > 1 and hi > lo:  # a curve of a few points has nothing to zoom on
+        zoom.set(xlim=(min(t for t, _ in late), max(t for t, _ in late)), ylim=(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)))
+    zoom.set_title("the last 40% of the run", fontsize=8)
+    zoom.tick_params(labelsize=7)
+    zoom.grid(alpha=0.3)
+    ax.indicate_inset_zoom(zoom, edgecolor="grey")
+    legend = ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    for text in legend.get_texts():
+        if not text.get_text().startswith(" "):
+            text.set_fontweight("bold")
+    ax.grid(alpha=0.3)
+    delta_panel(bx, rows, colour, models, "vanilla")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ablation(sweep, rows, runs, xs, configs, path):
+    """An ablation: the final loss (mean ± std over seeds) against the ablation's x, one panel per x-axis, with
+    the reference drawn across; its stat (if any) against the same x; the paired Δ panel."""
+    plt = import_pyplot()
+    if plt is None:
+        print("note: no matplotlib, so no figure (pip install matplotlib)", file=sys.stderr)
+        return
+    by_label = {row["label"]: row for row in rows}
+    axes = list(dict.fromkeys(ax for r in runs for ax, _, _ in xs[r["key"]]))
+    if not axes:
+        return  # only the reference so far
+    panels = axes + ([sweep["stat"]] if sweep.get("stat") else [])
+    fig, all_axes = plt.subplots(1, len(panels) + 1, figsize=(7 * len(panels) + 6, 6), squeeze=False,
+                                 gridspec_kw={"width_ratios": [3] * len(panels) + [2]})
+    series_colours = plt.get_cmap("tab10").colors
+    models = {label: name for label, name, _ in sweep["points"]}
+    colour = colours(list(by_label), models, plt)
+    for i, panel in enumerate(panels):
+        ax = all_axes[0][i]
+        stat = panel == sweep.get("stat")
+        points = {}  # series -> label -> [(x, run), ...]
+        for r in runs:
+            for axis, series, x in xs[r["key"]]:
+                if axis == (axes[0] if stat else panel):
+                    points.setdefault(series, {}).setdefault(r["label"], []).append((x, r))
+        for k, (series, labels) in enumerate(points.items()):
+            marks = []  # (x mean, y mean, x std, y std, text) per label, in x order
+            for label, group in labels.items():
+                x = [p[0] for p in group]
+                y = [p[1]["stats"].get(sweep["stat"], math.nan) if stat else p[1]["val_loss"] for p in group]
+                marks.append((statistics.fmean(x), statistics.fmean(y), statistics.stdev(x) if len(x) > 1 else 0,
+                              statistics.stdev(y) if len(y) > 1 else 0,
+                              annotation(sweep, configs[label], [r for _, r in group], label)))
+            xm, ym, xe, ye, texts = zip(*sorted(marks))
+            ax.errorbar(xm, ym, xerr=xe if any(xe) else None, yerr=ye, fmt="o-", capsize=3,
+                        color=series_colours[k % 10], label=series)
+            for x, y, text in zip(xm, ym, texts):
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=7)
+        if stat:
+            init = init_stat(sweep, configs)
+            if init is not None:
+                ax.axhline(init, color="grey", linestyle=":", label=f"at initialisation ({init:.2f})")
+        elif "vanilla" in by_label:
+            v = by_label["vanilla"]
+            ax.axhline(v["mean"], color="black", linewidth=2, label=f"vanilla: {v['mean']:.3f}"
+                       + (f" ± {v['std']:.3f} (std over seeds)" if v["std"] is not None else ""))
+            if v["std"] is not None:
+                ax.axhspan(v["mean"] - v["std"], v["mean"] + v["std"], color="black", alpha=0.1, linewidth=0)
+        ax.set_xscale(sweep["xscale"])
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.set(xlabel=axes[0] if stat else panel, ylabel=f"{sweep['stat']} (final, mean ± std over seeds)" if stat
+               else "final val loss, whole split (mean ± std over seeds)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    delta_panel(all_axes[0][-1], rows, colour, models,
+                "the dense models at the same FLOPs" if "frontier" in sweep else "vanilla")
+    fig.suptitle(f"{sweep['paper']}: {len(runs)} runs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def annotation(sweep, config, group, label):
+    """The text beside a point: skipmiddle's achieved sparsity (mean over seeds), else the label."""
+    if sweep["name"] != "skipmiddle":
+        return label
+    if not config.gated:
+        return f"{config.n_layer}L"
+    stats = [r["stats"] for r in group]
+    middle = sum(1 for k in stats[0] if re.fullmatch(r"gate\d+_zero", k)) - 1
+    zero = statistics.fmean(s.get(f"gate{middle}_zero", math.nan) for s in stats)
+    ratio = statistics.fmean(s.get("est_flops_ratio", math.nan) for s in stats)
+    target = "no control" if config.gate_gamma == 0 else f"target {config.gate_target:g}"
+    return f"{target}: middle gate {zero:.0%} zero, x{ratio:.2f} FLOPs"
+
+
+def init_stat(sweep, configs):
+    """The ablation's stat at initialisation (vertical's map entropy), from an untrained model of its first point
+    other than vanilla."""
+    label, name, _ = next(p for p in sweep["points"] if p[1] != "vanilla")
+    return load_model_module(name).GPT(configs[label]).stats().get(sweep["stat"])
+
+
+if __name__ == "__main__":
+    main_boundary(main)

@@ -1,0 +1,187 @@
+"""eval.py's figures read back from the matplotlib objects: the depth map's labels, columns and blank cells, the
+warning of a map still at its uniform start, and --curves on two tiny real runs and on bad input."""
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, model_names
+from test_scripts import TINY, one_line_error, run
+from train import ConfigError
+
+evalpy = importlib.import_module("eval")
+SHAPE = dict(n_layer=4, n_head=2, n_kv_head=1, n_embd=32, ffn_hidden=64, block_size=16)
+
+
+def test_matplotlib_is_a_default_dependency():
+    names = lambda f: [re.split(r"[\s<>=#]", l.strip())[0].lower()
+                       for l in open(os.path.join(ROOT, f)) if l.strip() and not l.startswith("#")]
+    assert "matplotlib" in names("requirements.txt")
+    assert "matplotlib" not in names("requirements-eval.txt")
+
+
+@pytest.fixture(scope="module")
+def plt():
+    pytest.importorskip("matplotlib", reason="matplotlib is in requirements.txt: pip install -r requirements.txt")
+    return evalpy.import_pyplot()
+
+
+def blank_cells(ax):
+    """The cells of the heat map drawn blank (masked), as a bool tensor."""
+    return torch.from_numpy(np.ma.getmaskarray(ax.images[0].get_array()).copy())
+
+
+def depth_map_figure(plt, name, tmp_path, model=None, **overrides):
+    """(model, map, layout, figure) of a tiny untrained model of model_<name>.py, after one forward."""
+    module = importlib.import_module(f"model_{name}")
+    torch.manual_seed(0)
+    config = module.GPTConfig(vocab_size=256, **SHAPE, **overrides)
+    model = model or module.GPT(config).eval()
+    with torch.no_grad():
+        model(torch.randint(0, 256, (2, 16)))
+    m = model.depth_map().detach().float().cpu()
+    layout = evalpy.depth_map_layout(model, name, m)
+    fig = evalpy.plot_depth_map(plt, m, config.n_layer, layout, f"out/{name}, step 7: model_{name}.py depth map",
+                                tmp_path / f"{name}.png")
+    assert (tmp_path / f"{name}.png").stat().st_size > 0
+    return model, m, layout, fig
+
+
+def cells(ax):
+    """The (row, column) of every number written in the heat map."""
+    return {(round(t.get_position()[1]), round(t.get_position()[0])) for t in ax.texts}
+
+
+def test_vertical_depth_map_figure(plt, tmp_path):
+    _, m, layout, fig = depth_map_figure(plt, "vertical", tmp_path)
+    ax, bar = fig.axes
+    L = SHAPE["n_layer"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", "1", "2", "3"]  # sources: embedding, blocks
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"layer {l}" for l in range(1, L + 1)]
+    assert "embedding" in ax.get_xlabel() and "alpha" in bar.get_ylabel()
+    assert "out/vertical" in ax.get_title() and "step 7" in ax.get_title()
+    blank = blank_cells(ax)  # above the diagonal: sources a layer cannot read, drawn blank
+    assert blank.tolist() == [[c > r for c in range(L)] for r in range(L)]
+    assert cells(ax) == {(r, c) for r in range(L) for c in range(r + 1)}  # no 0.00 written where nothing is read
+    assert "uniform start" in fig.get_suptitle()  # zero scores: the start, and the figure says so
+
+
+def test_a_learned_map_gets_no_warning(plt, tmp_path):
+    module = importlib.import_module("model_vertical")
+    model = module.GPT(module.GPTConfig(vocab_size=256, **SHAPE)).eval()
+    with torch.no_grad():
+        model.va_scores.normal_()  # a map that has moved
+    _, m, layout, fig = depth_map_figure(plt, "vertical", tmp_path, model=model)
+    assert not evalpy.at_uniform_start(m, layout) and fig.get_suptitle() == ""
+    m = torch.tensor([[1.0, 0, 0], [0.5005, 0.4995, 0], [1 / 3, 1 / 3, 1 / 3]])  # within 1e-3 of the start
+    assert evalpy.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=True))
+    assert not evalpy.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=False))
+
+
+@pytest.mark.parametrize("name,overrides", [("skiplayer", {}), ("attnres", {}), ("attnres", {"attn_res": "full"}),
+                                            ("aila", {}), ("aila", {"aila_arch": 1}), ("skipmiddle", {})])
+def test_every_depth_map_figure(plt, name, overrides, tmp_path):
+    """Every model's columns are labelled as its depth_map() defines them, and every row's weight lies in the
+    cells drawn (rows sum to 1 over them), none in the blank ones."""
+    if name not in model_names():
+        pytest.skip(f"model_{name}.py is not there")
+    _, m, layout, fig = depth_map_figure(plt, name, tmp_path, **overrides)
+    ax, bar = fig.axes
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(labels) == m.size(1) and bar.get_ylabel()
+    blank = blank_cells(ax)
+    assert cells(ax) == {tuple(rc) for rc in (~blank).nonzero().tolist()}
+    if name == "skipmiddle":
+        assert labels == ["mean gate"] and "gate" in bar.get_ylabel()
+        return
+    assert torch.allclose(m.masked_fill(blank, 0).sum(1), torch.ones(m.size(0)), atol=1e-5)
+    assert blank.any()  # a first row that reads everything would be no depth map
+    assert labels[:2] == (["1", "2"] if name == "skiplayer" else ["emb", "1"])
+    if name == "attnres":  # zero pseudo-queries: a uniform start, and the figure says so
+        assert "uniform start" in fig.get_suptitle()
+    if name == "skiplayer":  # a fixed map: never a warning
+        assert fig.get_suptitle() == ""
+
+
+# ---- eval.py end to end: the note, and --curves on two tiny real runs ------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    """Two tiny runs: vanilla, and vertical with --va_lr 0, whose map stays at its start."""
+    root = tmp_path_factory.mktemp("figure_runs")
+    out = {"vanilla": str(root / "vanilla"), "vertical": str(root / "vertical")}
+    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--model", name, "--data_dir",
+                               data_dir, "--out_dir", out[name], "--max_iters=20", "--eval_interval=10",
+                               "--log_interval=5", *extra, *TINY], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for name, extra in (("vanilla", []), ("vertical", ["--va_lr=0"]))]  # side by side: 2 cores
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    return out
+
+
+def test_depth_map_note_at_the_uniform_start(plt, runs, capsys):
+    evalpy.main(["--out_dir", runs["vertical"], "--loss=false", "--depth_map"])
+    out = capsys.readouterr().out
+    assert "still at its uniform start" in out and "depth_map.png" in out
+    assert os.path.getsize(os.path.join(runs["vertical"], "depth_map.png")) > 0
+
+
+def test_curves_of_two_runs(plt, runs, tmp_path, capsys):
+    png = tmp_path / "both.png"
+    evalpy.main(["--curves", runs["vanilla"], runs["vertical"], "--plot_path", str(png)])
+    lines = capsys.readouterr().out.splitlines()
+    assert png.stat().st_size > 0 and lines[-1] == f"curves: {png}"
+    for name, line in zip(("vanilla", "vertical"), lines):  # one line per run: steps, tokens, last val loss
+        assert line.startswith(f"{name}: 20 steps (2,560 tokens), last val loss ") and "(step 20)" in line
+    logs = [evalpy.read_run_log(runs[n]) for n in ("vanilla", "vertical")]
+    for r, name in zip(logs, ("vanilla", "vertical")):
+        r["label"] = name
+    fig = evalpy.plot_curves(plt, logs, tmp_path / "again.png")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "tokens seen" and "loss" in ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "vanilla: training loss", "vanilla: validation loss", "vertical: training loss", "vertical: validation loss"]
+    train, val = ax.lines[2], ax.lines[3]  # the vertical run's, in its own colour
+    assert list(val.get_xdata()) == [0, 10 * 128, 20 * 128]  # steps x 4 windows x 32 tokens
+    assert list(train.get_xdata()) == [s * 128 for s in (5, 10, 15, 20)]
+    assert ax.lines[0].get_color() == ax.lines[1].get_color() != train.get_color() == val.get_color()
+
+
+def test_curves_default_path_and_steps_without_a_checkpoint(plt, tmp_path, capsys):
+    run_dir = tmp_path / "logs_only"
+    run_dir.mkdir()
+    records = [{"iter": 0, "val_loss": 5.5}, {"iter": 10, "loss": 3.0, "lr": 1e-3}, {"iter": 10, "val_loss": 2.9}]
+    # the last line cut short, as while train.py writes it: left out
+    (run_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"iter": 20, "lo')
+    evalpy.main(["--curves", str(run_dir)])
+    out = capsys.readouterr().out
+    assert "logs_only: 10 steps, last val loss 2.9000 (step 10), last training loss 3.0000" in out
+    assert (run_dir / "curves.png").stat().st_size > 0
+    r = evalpy.read_run_log(str(run_dir))
+    r["label"] = "logs_only"
+    assert evalpy.plot_curves(plt, [r], tmp_path / "x.png").axes[0].get_xlabel().startswith("step")
+
+
+def test_curves_errors(tmp_path):
+    one_line_error(run("eval.py", "--curves", tmp_path / "nowhere"), "--curves", "no run folder", "nowhere")
+    with pytest.raises(ConfigError, match="has no log.jsonl"):
+        evalpy.main(["--curves", str(tmp_path)])
+    (tmp_path / "log.jsonl").write_text('{"iter": 0, "val_loss": 5.5}\nnot json\n{"iter": 1, "loss": 5.0}\n')
+    with pytest.raises(ConfigError, match="line 2 is not a record of train.py"):
+        evalpy.main(["--curves", str(tmp_path)])
+    (tmp_path / "log.jsonl").write_text('{"iter": 0, "val_loss": "x"}\n')
+    with pytest.raises(ConfigError, match="line 1"):
+        evalpy.main(["--curves", str(tmp_path)])
+    (tmp_path / "log.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="holds no loss yet"):
+        evalpy.main(["--curves", str(tmp_path)])
+    with pytest.raises(ConfigError, match="--curves reads only"):
+        evalpy.main(["--curves", str(tmp_path), "--depth_map"])

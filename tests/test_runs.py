@@ -1,0 +1,169 @@
+"""A run is a transaction: what a refused, failed, resumed, interrupted or concurrent run leaves in its out_dir.
+Nothing already saved is lost: log.jsonl is append-only (records after a checkpoint move to log.superseded.jsonl),
+and a second run in the same folder is refused."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import common
+import train
+from conftest import ROOT
+from test_errors import TINY, assert_one_error_line, checksums, run_script
+
+
+@pytest.fixture(scope="module")
+def data(data_dir, tmp_path_factory):
+    from test_errors import write_data_set
+    import numpy as np
+    out = tmp_path_factory.mktemp("runs") / "data"
+    write_data_set(out / "shakespeare", np.fromfile(os.path.join(data_dir, "shakespeare", "train.bin"), np.uint16))
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved_run(data, tmp_path_factory):
+    """A run of 4 steps, evaluated and saved at 0 and 4, with a training record every step."""
+    out = tmp_path_factory.mktemp("saved") / "run"
+    train.main(["--data_dir", str(data), "--out_dir", str(out), "--max_iters=4", "--eval_interval=4",
+                "--log_interval=1", *TINY])
+    return out
+
+
+def records(path):
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+# (id, arguments, expected fragment): a run refused after the out_dir already holds a run's files; every file of
+# that folder stays as it was, by checksum
+REFUSED_IN_A_RUN_FOLDER = [
+    ("model_option_its_file_rejects", ["--model=aila", "--aila_heads=3"], "--aila_heads 3 must divide --n_embd 32"),
+    ("new_run_over_a_checkpoint", [], "already holds a checkpoint"),
+    ("resume_with_nan_option", ["--resume", "--adam_eps=nan"], "--adam_eps must be a finite number"),
+    ("resume_with_min_lr_above_lr", ["--resume", "--min_lr=0.1"], "--min_lr 0.1 is above --learning_rate"),
+    ("resume_of_another_model", ["--resume", "--model=vertical"], "--model vanilla"),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED_IN_A_RUN_FOLDER, ids=[c[0] for c in REFUSED_IN_A_RUN_FOLDER])
+def test_a_refused_run_leaves_the_folder_as_it_was(case, data, saved_run, tmp_path, capsys):
+    _, args, fragment = case
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    before = checksums(run, data)
+    code, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, *args], "", capsys)
+    assert_one_error_line(code, err, fragment)
+    assert checksums(run, data) == before
+
+
+def test_a_resume_whose_optimiser_state_does_not_fit_leaves_the_log(data, saved_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False)
+    ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:1]  # one group short
+    torch.save(ckpt, run / "ckpt.pt")
+    before = checksums(run)
+    code, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"], "",
+                           capsys)
+    assert_one_error_line(code, err, "optimiser state")
+    assert checksums(run) == before
+
+
+def test_resume_keeps_every_record_and_moves_the_later_ones_aside(data, saved_run, tmp_path):
+    """The log holds records past the checkpoint (a run killed after step 4's checkpoint, having logged steps 5 and
+    6), and the resumed run's --eval_interval does not divide 4: step 4's evaluation stays, the records of steps 5
+    and 6 move to log.superseded.jsonl, and the resumed run logs its own steps 5 to 8 once."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    original = records(run / "log.jsonl")
+    with open(run / "log.jsonl", "a") as f:
+        f.write(json.dumps({"iter": 5, "loss": 9.0}) + "\n" + json.dumps({"iter": 6, "loss": 9.0}) + "\n")
+        f.write('{"iter": 7, "lo')  # cut short by the crash
+    train.main(["--data_dir", str(data), "--out_dir", str(run), "--max_iters=8", "--eval_interval=3",
+                "--log_interval=1", "--resume", *TINY])
+    log = records(run / "log.jsonl")
+    assert log[:len(original)] == original  # nothing before the checkpoint changed
+    assert [r["iter"] for r in log if "val_loss" in r] == [0, 4, 6, 8]  # 4 once: not evaluated again
+    assert [r["iter"] for r in log[len(original):] if "loss" in r] == [5, 6, 7, 8]
+    moved = open(run / "log.superseded.jsonl").read().splitlines()
+    assert [json.loads(line)["iter"] for line in moved[:2]] == [5, 6] and moved[2] == '{"iter": 7, "lo'
+
+
+def test_a_new_run_moves_an_old_log_aside(data, tmp_path):
+    out = tmp_path / "run"
+    os.makedirs(out)
+    (out / "log.jsonl").write_text('{"iter": 7, "loss": 1.0}\n')  # an older run's, without a checkpoint
+    train.main(["--data_dir", str(data), "--out_dir", str(out), "--max_iters=0", *TINY])
+    assert [r["iter"] for r in records(out / "log.jsonl")] == [0]
+    assert records(out / "log.superseded.jsonl") == [{"iter": 7, "loss": 1.0}]
+
+
+def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    holder = common.lock_out_dir(str(run))  # as a run in progress holds it
+    try:
+        before = checksums(run)
+        code, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"],
+                               "", capsys)
+        assert_one_error_line(code, err, "another run is writing to")
+        assert checksums(run) == before
+    finally:
+        holder.close()
+    train.main(["--data_dir", str(data), "--out_dir", str(run), "--max_iters=5", "--resume", *TINY])  # free again
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_an_interrupted_run_says_where_it_stopped_in_one_line(sig, data, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir",
+                             str(out), *TINY, "--max_iters=100000", "--eval_interval=100000"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "ckpt.pt").exists() and time.time() < deadline:  # step 0's checkpoint
+        time.sleep(0.2)
+    time.sleep(1.0)  # a few steps
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1 and "Traceback" not in err and len(lines) == 1, err
+    assert "interrupted at step" in lines[0] and "the checkpoint of step 0 is kept" in lines[0], lines[0]
+    assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 0
+
+
+def test_only_leading_arguments_are_preset_files(data, tmp_path, monkeypatch, capsys):
+    """A value ending in .py is a value: --out_dir run.py names a folder, and is not executed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.py").write_text("raise SystemExit('executed')\n")
+    train.main(["--data_dir", str(data), "--out_dir", "out.py", "--wandb_run_name", "run.py", "--max_iters=0", *TINY])
+    assert (tmp_path / "out.py" / "ckpt.pt").exists()
+    code, err = run_script("train.py", ["--data_dir", data, *TINY, "run.py"], "", capsys)
+    assert_one_error_line(code, err, "preset files go first")
+
+
+def test_prepare_reads_file_names_literally(tmp_path):
+    (tmp_path / "notes[1].txt").write_text("the bracketed one. " * 50)
+    (tmp_path / "notes1.txt").write_text("the plain one! " * 50)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(tmp_path / "notes[1].txt"),
+                           "--out_dir", str(tmp_path / "data"), "--num_proc=1"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    folder = tmp_path / "data" / "notes[1]"
+    ids = open(folder / "train.bin", "rb").read() + open(folder / "val.bin", "rb").read()
+    text = bytes(b for b in ids[::2] if b < 256).decode()  # uint16 little-endian byte ids
+    assert "bracketed" in text and "plain" not in text
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", "."])
+def test_prepare_keeps_name_inside_out_dir(name, tmp_path, capsys):
+    (tmp_path / "t.txt").write_text("some text " * 20)
+    before = checksums(tmp_path)
+    code, err = run_script("prepare.py", ["--files", tmp_path / "t.txt", "--out_dir", tmp_path / "data", "--name",
+                                          name, "--num_proc=1"], "", capsys)
+    assert_one_error_line(code, err, "--name")
+    assert checksums(tmp_path) == before
