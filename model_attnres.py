@@ -9,8 +9,8 @@ Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the or
 Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix
     h_l = sum_i a_{l,i} v_i,    a_{l,i} = softmax_i( w_l . RMSNorm_l(v_i) )    (per token, over the sources i)
 w_l in R^d is a pseudo-query, zero at init (a uniform mix); RMSNorm_l is a key norm with its own weight g_l
-(init 1). No 1/sqrt(d), no recency bias, no gate (Open AttnRes, lessons 3-4); the softmax runs in float32; the
-values are the raw sources.
+(init 1). No 1/sqrt(d), no gate, and by default no recency bias (Open AttnRes, lessons 3-4); the softmax runs
+in float32; the values are the raw sources.
   attn_res="full":  v_0 = the token embedding, v_i = f_i (sublayer outputs, not cumulative states);
                     sublayer l reads v_0 .. v_{l-1}.
   attn_res="block": the 2L sublayers form n_blocks blocks of consecutive sublayers (default 4). Sources: b_0 =
@@ -52,11 +52,30 @@ Interpretations:
   records in a plain attribute: like a logged loss they are per rank and not saved in checkpoints (the map
   depends on the input, not only on the weights). Row 0 (the first attention) reads only the embedding, so its
   weight is always 1 and its w and g get no gradient; they are kept so that every sublayer is alike.
+- Recency bias (seed 002's Experiment 2, continued pretraining of Qwen3 models: "bias=0 frozen", "bias=3
+  learnable"): recency_bias b is added to each mix's logit of its most recent source, the open block's partial
+  sum while it is non-empty, else the newest completed source (the output mix included; for the first attention,
+  whose only source is the embedding, it changes nothing). recency_bias_learnable makes b one scalar parameter
+  per mix (2L + 1 in all, no weight decay) starting at recency_bias; otherwise b is a constant outside the state
+  dict, and b = 0, the default, is no bias at all: seed 002's best fine-tuning runs ("bias=0 frozen", zero-init
+  pseudo-queries) are this file's defaults. Seed 002's repository adds the bias to the logit of its running
+  residual stream (a cumulative state), so that a large b gives back the pretrained model; here the newest source
+  is a sum of sublayer outputs, and a large b makes a mix read that block alone. No b gives the pretrained model
+  back; b = 0 comes closest (next item).
+- Step 0 from a pretrained model (train.py --init_from): function-preserving up to the norms' eps. Zero
+  pseudo-queries make every mix uniform, h_l = (1/S) sum_i v_i, and the S sources (the embedding, the block sums
+  and the partial sum; in full mode the sublayer outputs) add up to vanilla's residual stream x, so h_l = x / S.
+  What reads h_l is always an RMSNorm (the sublayer's pre-norm, or the final norm after the output mix), which
+  removes the 1/S except through its eps: rsqrt(mean(x^2) / S^2 + eps) in place of rsqrt(mean(x^2) + eps). So
+  the model starts as the pretrained one, exactly as eps -> 0 (tests/test_hf.py compares the logits). Seed 002's
+  repository mixes cumulative states, whose uniform average is not the stream (its authors report the "uniform-
+  attention initial disruption"). A recency bias b != 0 makes the mix non-uniform and loses this.
 - Logit lens: hidden[l] is the output mix over the sources available after block l (the open block's partial
   sum included): what the head would read if the network ended there. hidden[L-1] is the head's input.
 
 Extra parameters: 2d per sublayer plus 2d for the output mix, 2d(2L + 1) in all: 13,056 at the 100m shape
-(d 384, L 8), 0.023% of vanilla's 56.3M with the GPT-2 vocabulary (tests/test_attnres.py computes it).
+(d 384, L 8), 0.023% of vanilla's 56.3M with the GPT-2 vocabulary (tests/test_attnres.py computes it); a learnable
+recency bias adds 2L + 1 scalars.
 """
 import math
 from dataclasses import dataclass, field, fields
@@ -124,15 +143,22 @@ class GPTConfig:
     dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
     bias: bool = option(False, "biases in the linear layers")
     tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
     attn_res: str = option("block", "block: sources are block sums; full: every sublayer output is a source",
                            choices=("block", "full"))
     n_blocks: int = option(4, "block mode: the 2L sublayers form this many blocks of consecutive sublayers", min=1)
+    recency_bias: float = option(0.0, "added to every mix's logit of its most recent source (the AttnRes "
+                                 "fine-tuning runs)")
+    recency_bias_learnable: bool = option(False, "true: one scalar parameter per mix, starting at recency_bias")
 
     def __post_init__(self):
         check_config(self)
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head} do not "
-                             "fit: n_head must divide n_embd into an even head size, and n_kv_head must divide n_head")
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
         if self.attn_res == "block" and self.n_blocks > 2 * self.n_layer:
             raise ValueError(f"--n_blocks must be between 1 and 2 * n_layer = {2 * self.n_layer}, not {self.n_blocks}")
 
@@ -168,7 +194,7 @@ class KVCache:
     """Keys and values of every layer for the tokens seen so far, for generation."""
 
     def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
+        head_dim = config.head_dim or config.n_embd // config.n_head
         shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -195,22 +221,25 @@ def attention_mask(T, Tk, past, device):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.n_embd // config.n_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
         self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
         self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin, cache=None):
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         past = 0
         if cache is not None:
             past = cache.pos
@@ -219,7 +248,7 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
             q, k, v, attn_mask=mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
         return self.wo(y)
 
 
@@ -263,6 +292,11 @@ class AttnRes(nn.Module):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(config.n_embd))  # w: zero, so training starts from a uniform mix
         self.key_weight = nn.Parameter(torch.ones(config.n_embd))  # g, the weight of this mix's key RMSNorm
+        # the recency bias b on the most recent source's logit: a parameter, a constant, or none (b = 0, frozen)
+        if config.recency_bias_learnable:
+            self.recency_bias = nn.Parameter(torch.tensor(float(config.recency_bias)))
+        else:
+            self.recency_bias = float(config.recency_bias) or None
         self.mean_weights = None  # (S,) mean softmax weight per source over the last forward batch
 
     def folded_query(self):
@@ -271,6 +305,8 @@ class AttnRes(nn.Module):
 
     def forward(self, logits, values):
         """logits: S tensors (B, T), this mix's w . RMSNorm(v_i); values: the S raw sources (B, T, d)."""
+        if self.recency_bias is not None:  # the sources come in order: the last is the most recent
+            logits = logits[:-1] + [logits[-1] + self.recency_bias]
         a = torch.stack(logits, dim=-1).softmax(dim=-1)  # (B, T, S): over sources, per token
         self.mean_weights = a.detach().mean(dim=(0, 1))
         a = a.unsqueeze(-2)  # (B, T, 1, S)
@@ -347,7 +383,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        cos, sin = rope_tables(config.head_dim or config.n_embd // config.n_head, config.block_size,
+                               config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
@@ -420,7 +457,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
         c = self.config
-        hd = c.n_embd // c.n_head
+        hd = c.head_dim or c.n_embd // c.n_head
         linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half

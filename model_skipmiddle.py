@@ -94,6 +94,10 @@ Interpretations:
   must create them. So short runs at small width need gamma * steps of about 10, as the paper's
   1e-3 * 19k gives 19; the preset uses 1e-2 for its 1000 steps (at step 1000: 46% of the middle block's and
   19% of the next gates zero, est_flops_ratio 0.79). The model default stays the paper's 1e-3.
+- Step 0 from a pretrained model (train.py --init_from): not function-preserving. The embedding norm and the
+  norms after each module are new (weight 1: they rescale the embedding and every module's output to unit RMS),
+  and the gates start random (gate_init_std), so the pretrained weights see another residual stream
+  (tests/test_hf.py).
 
 Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
 and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
@@ -163,6 +167,8 @@ class GPTConfig:
     dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
     bias: bool = option(False, "biases in the linear layers")
     tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
     gated: bool = option(True, "False: the dense sandwich model, no gate parameters and plain causal attention")
     gate_init_std: float = option(0.02, "gate weights ~ N(0, std), biases 0; 0 starts exactly dense (every g == 1)",
                                   min=0)
@@ -174,9 +180,11 @@ class GPTConfig:
 
     def __post_init__(self):
         check_config(self)
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head} do not "
-                             "fit: n_head must divide n_embd into an even head size, and n_kv_head must divide n_head")
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
 
 
 
@@ -211,7 +219,7 @@ class KVCache:
     """Keys, values and gates of every layer for the tokens seen so far, for generation."""
 
     def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
+        head_dim = config.head_dim or config.n_embd // config.n_head
         shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -238,7 +246,7 @@ class SkipCache:
     attend to it. GPT.forward_skip() calls select() before each block with the tokens that run it."""
 
     def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
+        head_dim = config.head_dim or config.n_embd // config.n_head
         n = config.block_size + 1  # slot block_size is scratch: the padding of rows with fewer tokens goes there
         self.k = torch.zeros(config.n_layer, batch_size, config.n_kv_head, n, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
@@ -316,15 +324,18 @@ def gate_into_keys(q, k, v, g):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.n_embd // config.n_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
         self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
         self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin, cache=None, g=None):
         """g (B, T): the gates of the new tokens (keys), None for plain causal attention."""
@@ -332,7 +343,7 @@ class CausalSelfAttention(nn.Module):
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         past = 0
         if cache is not None:
             past = cache.pos
@@ -349,7 +360,7 @@ class CausalSelfAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.head_dim ** -0.5,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
         y = y[..., :self.head_dim]                                                 # (B, H, T, hd)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
         return self.wo(y)
 
 
@@ -425,7 +436,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        cos, sin = rope_tables(config.head_dim or config.n_embd // config.n_head, config.block_size,
+                               config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if config.gated:
@@ -608,7 +620,7 @@ class GPT(nn.Module):
         """Forward FLOPs per token (sparse, dense) if a token cost nothing in a block where its gate is 0 (paper
         Fig. 2): block matmuls times the fraction of tokens not skipped, plus head and gates; zero (L,)."""
         c = self.config
-        hd = c.n_embd // c.n_head
+        hd = c.head_dim or c.n_embd // c.n_head
         block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
         block += c.n_head * hd * ((seq_len or c.block_size) + 1)  # q.k and p.v over the causal half
         sparse = c.n_embd * c.vocab_size + len(self.gates) * c.n_embd + block * (1 - zero).sum().item()
@@ -630,7 +642,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
         c = self.config
-        hd = c.n_embd // c.n_head
+        hd = c.head_dim or c.n_embd // c.n_head
         linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         linear += len(self.gates) * c.n_embd  # the gates' w . h

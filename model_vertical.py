@@ -36,6 +36,10 @@ Interpretations:
   (paper: 0.01 and 0.01 against 1e-4 for the rest; with 1e-4 the map barely moves, 1e-1 is unstable).
 - KV cache: the mix is per token, so a cached step needs only the new tokens' own sources; the keys/values of
   every layer are cached exactly as in vanilla.
+- Step 0 from a pretrained model (train.py --init_from): not function-preserving. Block l reads the
+  norm-weighted average of the embedding and all earlier block outputs (uniform alpha, or 0.9 on the newest
+  source with va_init="recent"), not the previous block's output, so from the second block on the pretrained
+  weights see inputs they were never trained on (tests/test_hf.py).
 - flops_per_token is vanilla's: the mix is L(L+1)/2 * d multiply-adds per token, elementwise, not a matmul
   (under 0.1% of a 300m model's FLOPs).
 """
@@ -102,6 +106,8 @@ class GPTConfig:
     dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
     bias: bool = option(False, "biases in the linear layers")
     tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
     va_map: str = option("learned", "the vertical map: learned scores, or the paper's fixed unet / inet maps",
                          choices=("learned", "unet", "inet"))
     va_init: str = option("uniform", "learned scores start uniform (zeros) or recent (alpha 0.9 on the newest source)",
@@ -112,9 +118,11 @@ class GPTConfig:
 
     def __post_init__(self):
         check_config(self)
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head} do not "
-                             "fit: n_head must divide n_embd into an even head size, and n_kv_head must divide n_head")
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
 
 
 
@@ -149,7 +157,7 @@ class KVCache:
     """Keys and values of every layer for the tokens seen so far, for generation."""
 
     def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.n_embd // config.n_head
+        head_dim = config.head_dim or config.n_embd // config.n_head
         shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -176,22 +184,25 @@ def attention_mask(T, Tk, past, device):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0 and config.n_head % config.n_kv_head == 0
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.n_embd // config.n_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
         self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
         self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
         self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin, cache=None):
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         past = 0
         if cache is not None:
             past = cache.pos
@@ -200,7 +211,7 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
             q, k, v, attn_mask=mask, is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                           # (B, T, d)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
         return self.wo(y)
 
 
@@ -269,7 +280,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta, None)
+        cos, sin = rope_tables(config.head_dim or config.n_embd // config.n_head, config.block_size,
+                               config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
@@ -350,7 +362,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
         c = self.config
-        hd = c.n_embd // c.n_head
+        hd = c.head_dim or c.n_embd // c.n_head
         linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half

@@ -6,6 +6,7 @@ Prepare a data set for training: text -> token ids -> data/<name>/{train,val}.bi
     python prepare.py --dataset fineweb --tokenizer gpt2 --max_tokens 10000000000
     python prepare.py --dataset openwebtext --tokenizer gpt2
     python prepare.py --files notes.txt web.jsonl more.parquet --text_field text --name mine
+    python prepare.py --dataset fineweb-edu --tokenizer hf:models/Qwen3-0.6B --name fineweb-edu-qwen3
 
 train.bin and val.bin are flat arrays of token ids (uint16 when the vocabulary fits, else uint32); every
 document ends with the end-of-text token. Whole documents go to val with probability --val_fraction (seeded,
@@ -15,6 +16,7 @@ The files are written under temporary names and renamed into place (meta.json la
 has succeeded: a run that fails leaves an earlier data set of the same name as it was.
 """
 import contextlib
+import dataclasses
 import glob
 import importlib
 import importlib.util
@@ -54,7 +56,7 @@ def need(module, what):
 
 
 def get_tokenizer(name):
-    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte" or "gpt2")."""
+    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte", "gpt2" or "hf:DIR")."""
     if name == "byte":
         return encode_bytes, decode_bytes, 257, 256
     if name == "gpt2":
@@ -66,7 +68,13 @@ def get_tokenizer(name):
                  "or set TIKTOKEN_CACHE_DIR to a folder holding them")
         # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
         return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
-    raise ValueError(f"unknown tokenizer {name!r} (byte or gpt2)")
+    if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder (hf.py)
+        import hf
+        try:
+            return hf.get_tokenizer(name[3:])
+        except hf.HFError as e:
+            raise ConfigError(str(e))
+    raise ValueError(f"unknown tokenizer {name!r} (byte, gpt2 or hf:DIR)")
 
 
 def token_dtype(vocab_size):
@@ -202,8 +210,8 @@ class PrepareConfig:
     files: tuple = option((), "local .txt/.json/.jsonl/.parquet files, instead of --dataset; each name is read as "
                           "it is (your shell expands patterns)", path=True)
     text_field: str = option("text", "the text column of .json/.jsonl/.parquet files")
-    tokenizer: str = option("byte", "byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257",
-                            choices=("byte", "gpt2"))
+    tokenizer: str = option("byte", "byte: UTF-8 bytes, vocab 257; gpt2: tiktoken's GPT-2 BPE, vocab 50257; hf:DIR: "
+                            "the tokenizer.json of a Hugging Face model folder (for train.py --init_from DIR)")
     max_tokens: int = option(100_000_000, "stop after the document that reaches this many tokens; 0 = no limit", min=0)
     val_fraction: float = option(0.01, "share of documents for validation", above=0, below=1)
     seed: int = option(42, "seeds the choice of validation documents", min=0, max=2**32 - 1)
@@ -213,12 +221,17 @@ class PrepareConfig:
     num_proc: int = option(min(8, os.cpu_count() or 1), "tokenizer processes", min=1)
 
     def __post_init__(self):
+        if self.tokenizer not in ("byte", "gpt2") and not self.tokenizer.startswith("hf:"):
+            raise ValueError(f"--tokenizer {self.tokenizer} is not one of: byte, gpt2, hf:DIR")
         if self.name and (os.path.basename(self.name) != self.name or self.name in (".", "..")):
             raise ValueError(f"--name {self.name!r} must be a folder name inside --out_dir, without / or ..")
 
 
 def parse_args(argv=None):
-    return parse_simple(PrepareConfig, argv, __doc__)
+    cfg = parse_simple(PrepareConfig, argv, __doc__)
+    if cfg.tokenizer.startswith("hf:"):  # meta.json records the folder for train.py, sample.py and eval.py
+        cfg = dataclasses.replace(cfg, tokenizer="hf:" + os.path.abspath(os.path.expanduser(cfg.tokenizer[3:])))
+    return cfg
 
 
 def main(argv=None):

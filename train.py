@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+import hf
 from common import (SIZES, ArgumentParser, ConfigError, HelpFormatter, add_options, autocast, build_model,
                     check_config, check_paths, check_splits, explicit_options, load_model_module, load_state,
-                    lock_out_dir, main_boundary, model_names, open_split, option, peak_flops, read_checkpoint, read_config_file,
-                    read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log, split_config_files,
-                    windows)
+                    lock_out_dir, main_boundary, model_names, open_split, option, peak_flops, read_checkpoint,
+                    read_config_file, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log,
+                    split_config_files, windows)
 
 @dataclass
 class TrainConfig:
@@ -44,6 +45,9 @@ class TrainConfig:
     size: str = option("", "a shape of the Vertical Attention paper's Table 2 with the model file's SIZE_DEFAULTS; "
                        "'' = the model file's own defaults", choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
+    init_from: str = option("", "a Hugging Face Llama or Qwen3 folder (config.json, safetensors): its architecture "
+                            "and the weights of the shared components (hf.py); '' = none; ignored with --resume",
+                            path=True)
     data_dir: str = option("data", "the folder of prepared data sets", path=True)
     # optimisation
     max_iters: int = option(1000, "optimiser steps in all", min=0)
@@ -147,7 +151,7 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
                           f"--tokenizer {trained['tokenizer']}")
 
 
-def read_run(cfg, model_args, explicit, meta):
+def read_run(cfg, model_args, module, explicit, meta):
     """The checkpoint to continue (None for a new run) and the model options, after checking out_dir."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
@@ -159,7 +163,12 @@ def read_run(cfg, model_args, explicit, meta):
         if os.path.exists(path):
             raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
                               "or choose another --out_dir")
-        if "vocab_size" not in explicit:
+        if cfg.init_from:  # the architecture from the folder's config.json; the folder is checked here
+            try:
+                model_args = hf.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
+            except hf.HFError as e:
+                raise ConfigError(str(e))
+        elif "vocab_size" not in explicit:
             model_args = {**model_args, "vocab_size": meta["vocab_size"]}
         if model_args["vocab_size"] < meta["vocab_size"]:
             raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
@@ -334,7 +343,7 @@ def main(argv):
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
-    ckpt, model_args = read_run(cfg, model_args, explicit, meta)
+    ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
     check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
     if world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if device.type == "cuda":
@@ -342,6 +351,11 @@ def main(argv):
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed + rank)
     raw_model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
+    if cfg.init_from and ckpt is None:  # the pretrained weights of the shared components (hf.py)
+        try:
+            hf.load_weights(raw_model, cfg.init_from)
+        except hf.HFError as e:
+            raise ConfigError(str(e))
     optimizer = make_optimizer(raw_model, cfg, device)
     iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:

@@ -42,11 +42,13 @@ def trace(model, idx):
     return rec
 
 
-def mix64(sources, query, key_weight, eps, normalise_keys=True):
-    """The definition in float64: h = sum_i a_i v_i, a = softmax_i(w . RMSNorm(v_i)), raw values v_i."""
+def mix64(sources, query, key_weight, eps, normalise_keys=True, bias=0.0):
+    """The definition in float64: h = sum_i a_i v_i, a = softmax_i(w . RMSNorm(v_i) + b [i newest]), raw values v_i."""
     v = torch.stack([s.double() for s in sources])  # (S, B, T, d)
     k = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) if normalise_keys else v
-    a = ((k * key_weight.double()) @ query.double()).softmax(0)  # (S, B, T)
+    logits = (k * key_weight.double()) @ query.double()  # (S, B, T)
+    logits[-1] += float(bias)  # the recency bias on the most recent source
+    a = logits.softmax(0)  # (S, B, T)
     return (a.unsqueeze(-1) * v).sum(0)
 
 
@@ -61,7 +63,7 @@ def block_ends64(c):
     return {int(b[-1]) for b in torch.tensor_split(torch.arange(n_sub), c.n_blocks)}
 
 
-def reference(model, rec, **mix_kw):
+def reference(model, rec, **mix_kw):  # mix_kw: normalise_keys, bias
     """Each sublayer's input and the head's input, recomputed in float64 from the recorded sublayer outputs."""
     c, mixes = model.config, model.mixes()
     n_sub = 2 * c.n_layer
@@ -283,3 +285,33 @@ def test_two_phase_path_equals_direct_form_float64(mode, n_kv_head):
             got = model(idx[:, lo:hi], cache=caches[0])[0]
             want = direct_forward(model, idx[:, lo:hi], cache=caches[1])[0]
             assert close(got, want) and torch.allclose(got, logits[:, lo:hi], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+@pytest.mark.parametrize("mode", ["block", "full"])
+def test_recency_bias(mode, learnable):
+    """Seed 002's recency bias b on each mix's logit of its most recent source: frozen, a constant outside the state
+    dict; learnable, one scalar parameter per mix starting at b. b = 0 frozen is the default model, and a learnable
+    b = 0 computes it too."""
+    default = make(randomise=True, **MODES[mode])
+    zero = make(randomise=True, recency_bias_learnable=learnable, **MODES[mode])
+    assert torch.equal(zero(tokens())[0], default(tokens())[0])
+    model = make(randomise=True, recency_bias=3.0, recency_bias_learnable=learnable, **MODES[mode])
+    extra = set(model.state_dict()) - set(default.state_dict())
+    names = {n for n, _ in model.named_parameters() if n.endswith("recency_bias")}
+    assert extra == names and len(names) == (len(model.mixes()) if learnable else 0)
+    assert all(m.recency_bias == 3.0 for m in model.mixes())
+    rec = trace(model, tokens())
+    inputs, final = reference(model, rec, bias=3.0)
+    for got, want in zip(rec["in"] + [rec["final"]], inputs + [final]):
+        assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-4)
+    # the bias moves weight onto the newest source of every mix that has two or more
+    default(tokens())
+    for biased, plain in zip(model.mixes()[1:], default.mixes()[1:]):
+        assert biased.mean_weights[-1] > plain.mean_weights[-1]
+    if learnable:  # the bias trains, without weight decay
+        model.train()
+        model(tokens(), tokens(seed=2))[1].backward()
+        assert all(m.recency_bias.grad.abs() > 0 for m in model.mixes()[1:])
+        no_decay = [p for g in model.param_groups(0.1) if g["weight_decay"] == 0 for p in g["params"]]
+        assert all(any(m.recency_bias is p for p in no_decay) for m in model.mixes())

@@ -1,0 +1,422 @@
+"""
+Hugging Face model folders in and out: pretrained Llama and Qwen3 weights for any model file, and a vanilla run
+written back as a folder that transformers loads.
+
+    python train.py --model attnres --init_from ~/models/Qwen3-0.6B ...    # start from the pretrained model
+    python export.py --out_dir out/run --to ~/models/run-hf                 # a vanilla run as a HF folder
+
+A folder is what transformers' save_pretrained writes: config.json, model.safetensors (or shards listed in
+model.safetensors.index.json) and, where the model has one, tokenizer.json with its companions. Nothing here
+imports transformers: safetensors reads and writes the weights, tokenizers reads tokenizer.json.
+
+The shared components of every model file (embedding, attention, MLP, the pre-norms, final norm, head) are
+model_vanilla.py's, which computes what LlamaForCausalLM and Qwen3ForCausalLM compute:
+    ours                              Hugging Face
+    tok_emb                           model.embed_tokens
+    blocks.i.attn_norm                model.layers.i.input_layernorm
+    blocks.i.attn.wq wk wv wo         model.layers.i.self_attn.q_proj k_proj v_proj o_proj
+    blocks.i.attn.q_norm k_norm       model.layers.i.self_attn.q_norm k_norm            (Qwen3: qk_norm)
+    blocks.i.mlp_norm                 model.layers.i.post_attention_layernorm
+    blocks.i.mlp.w1 w3 w2             model.layers.i.mlp.gate_proj up_proj down_proj
+    norm, lm_head                     model.norm, lm_head  (no lm_head in the folder with tied embeddings)
+config.json gives the architecture: hidden_size -> n_embd, num_hidden_layers -> n_layer, num_attention_heads ->
+n_head, num_key_value_heads -> n_kv_head, head_dim, intermediate_size -> ffn_hidden, rope_theta, rms_norm_eps ->
+norm_eps, tie_word_embeddings, attention_bias (with mlp_bias: our one bias flag), vocab_size. What these models
+can do and ours cannot is refused in one line: RoPE scaling (Llama 3.1's "llama3"), sliding windows, another
+activation, biases on attention but not on the MLP. A parameter of a model file that has no Hugging Face name
+(AttnRes's pseudo-queries, skip-middle's gates and extra norms, ...) keeps its initialisation.
+
+Every mistake is an HFError with a one-line message; train.py and export.py raise it as their ConfigError.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+
+import torch
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
+# the files of a tokenizer that export copies along (those the folder has)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+# names inside a layer (blocks.i.X / model.layers.i.Y) and outside (X / Y), each + .weight or .bias
+LAYER_NAMES = {"attn_norm": "input_layernorm", "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj",
+               "attn.wv": "self_attn.v_proj", "attn.wo": "self_attn.o_proj", "attn.q_norm": "self_attn.q_norm",
+               "attn.k_norm": "self_attn.k_norm", "mlp_norm": "post_attention_layernorm", "mlp.w1": "mlp.gate_proj",
+               "mlp.w3": "mlp.up_proj", "mlp.w2": "mlp.down_proj"}
+TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
+
+
+class HFError(Exception):
+    """A folder, a checkpoint or an option that does not fit; the message is one line that names the fix."""
+
+
+def note(message):
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: one note, not one per process
+        print(f"note: {message}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# names, both ways
+
+def to_hf_name(name):
+    """Our parameter name -> the Hugging Face one, or None for a parameter of the method only."""
+    if m := re.fullmatch(r"blocks\.(\d+)\.(.+)\.(weight|bias)", name):
+        return f"model.layers.{m[1]}.{LAYER_NAMES[m[2]]}.{m[3]}" if m[2] in LAYER_NAMES else None
+    if m := re.fullmatch(r"(\w+)\.(weight|bias)", name):
+        return f"{TOP_NAMES[m[1]]}.{m[2]}" if m[1] in TOP_NAMES else None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# config.json -> our model options
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except OSError as e:
+        raise HFError(f"cannot read {path} ({e.strerror})")
+    except ValueError as e:
+        raise HFError(f"{path} is not valid JSON ({e}); save the model again with save_pretrained")
+    if not isinstance(value, dict):
+        raise HFError(f"{path} is not a JSON object; save the model again with save_pretrained")
+    return value
+
+
+def read_config(folder):
+    """The shared model options (architecture, not block_size or dropout) of the Llama or Qwen3 model in folder,
+    from its config.json."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isdir(folder):
+        raise HFError(f"--init_from {folder} is not a folder; pass a Hugging Face model folder (config.json and "
+                      "model.safetensors, as save_pretrained writes them)")
+    if not os.path.isfile(path):
+        raise HFError(f"{folder} has no config.json; pass a Hugging Face model folder as save_pretrained writes it")
+    c = read_json(path)
+    kind, archs = c.get("model_type"), c.get("architectures") or []
+    if kind not in ARCHITECTURES or any(a != ARCHITECTURES[kind] for a in archs):
+        what = f"a {kind} model" + (f" ({', '.join(map(str, archs))})" if archs else "")
+        raise HFError(f"{path} describes {what}; --init_from reads Llama and Qwen3 language models "
+                      "(LlamaForCausalLM, Qwen3ForCausalLM)")
+    need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    if missing := [k for k in need if not isinstance(c.get(k), int)]:
+        raise HFError(f"{path} lacks {', '.join(missing)} (or they are not integers); save the model again")
+    if c.get("hidden_act", "silu") != "silu":
+        raise HFError(f"{path}: hidden_act {c['hidden_act']!r} is not supported; the MLP here is SwiGLU (silu)")
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}  # transformers 5 / 4 spell it differently
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise HFError(f"{path}: RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not supported; only "
+                      "plain RoPE (rope_type default) is")
+    if c.get("use_sliding_window") or any(t != "full_attention" for t in c.get("layer_types") or []):
+        raise HFError(f"{path}: sliding-window attention is not supported; only full causal attention is")
+    attention_bias = bool(c.get("attention_bias", False))
+    if attention_bias != bool(c.get("mlp_bias", False)):
+        raise HFError(f"{path}: attention_bias {attention_bias} with mlp_bias {bool(c.get('mlp_bias', False))} is "
+                      "not supported; the bias option here puts biases on every linear layer or on none")
+    if c.get("pretraining_tp", 1) != 1:
+        raise HFError(f"{path}: pretraining_tp {c['pretraining_tp']} is not supported; set it to 1")
+    n_embd, n_head, n_kv_head = c["hidden_size"], c["num_attention_heads"], c.get("num_key_value_heads") or n_head
+    head_dim = c.get("head_dim") or n_embd // n_head
+    if min(c[k] for k in need) < 1 or n_head % n_kv_head or head_dim < 1 or head_dim % 2:
+        raise HFError(f"{path}: the sizes do not fit (each must be 1 or more, num_key_value_heads must divide "
+                      "num_attention_heads, and the head size must be even)")
+    return {
+        "vocab_size": c["vocab_size"], "n_layer": c["num_hidden_layers"], "n_head": n_head,
+        "n_kv_head": n_kv_head, "n_embd": n_embd,
+        "ffn_hidden": c["intermediate_size"],
+        "head_dim": 0 if head_dim * n_head == n_embd else head_dim,  # 0: the default n_embd // n_head
+        "qk_norm": kind == "qwen3",
+        "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+        "bias": attention_bias, "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# safetensors files
+
+def safetensors():
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise HFError("reading and writing Hugging Face weights needs the safetensors package: "
+                      "pip install safetensors")
+    return safetensors
+
+
+def weight_files(folder):
+    """{Hugging Face tensor name: path of the .safetensors file holding it}: one file, or sharded with an index."""
+    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise HFError(f"{index} has no weight_map; save the model again with save_pretrained")
+        files = {name: os.path.join(folder, f) for name, f in weight_map.items()}
+        for path in sorted(set(files.values())):
+            if not os.path.isfile(path):
+                raise HFError(f"{folder} lacks {os.path.basename(path)}, a shard that {os.path.basename(index)} "
+                              "lists; copy the whole folder")
+        return files
+    if not os.path.isfile(single):
+        other = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5")
+                 if os.path.exists(os.path.join(folder, f))]
+        hint = f" (it has {other[0]}: save it again with save_pretrained, which writes safetensors)" if other else ""
+        raise HFError(f"{folder} has no model.safetensors nor model.safetensors.index.json{hint}")
+    return {name: single for name in tensor_shapes(single)}
+
+
+def tensor_shapes(path):
+    """{name: shape} of a .safetensors file, read from its header only."""
+    st = safetensors()
+    try:
+        with st.safe_open(path, framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception as e:  # the reader's errors differ by damage: header, size, not a safetensors file
+        raise HFError(f"cannot read {path} ({' '.join(str(e).split())[:150]}); the file is damaged or not "
+                      "safetensors: copy it again")
+
+
+def shared_names(model):
+    """{Hugging Face name: our name} of every parameter of model that a folder provides."""
+    names = {}
+    for ours in model.state_dict():
+        hf = to_hf_name(ours)
+        if hf is not None and not (ours == "lm_head.weight" and model.config.tie_embeddings):
+            names[hf] = ours
+    return names
+
+
+def check_weights(folder, model):
+    """The folder's tensors are exactly model's shared parameters, each of model's shape (model may be on the
+    meta device: only names and shapes are read)."""
+    files = weight_files(folder)
+    shapes = {}  # of the tensors the index (or the one file) points to, where it points
+    for path in sorted(set(files.values())):
+        shapes.update({name: shape for name, shape in tensor_shapes(path).items() if files.get(name) == path})
+    want, ours = shared_names(model), model.state_dict()
+    tied_head = model.config.tie_embeddings and "lm_head.weight" in shapes  # some tied folders keep a copy
+    for name, shape in shapes.items():
+        if name not in want and not (tied_head and name == "lm_head.weight"):
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # older Llama files store RoPE's frequencies, which follow from the config
+            raise HFError(f"{os.path.basename(files[name])} in {folder} holds {name}, which config.json's "
+                          "architecture has no place for; the weights and config.json do not belong together")
+        expected = tuple(ours[want.get(name, "tok_emb.weight")].shape)
+        if shape != expected:
+            raise HFError(f"{name} in {os.path.basename(files[name])} has shape {list(shape)} but {folder}/config.json "
+                          f"makes it {list(expected)}; the weights and config.json do not belong together")
+    if missing := [n for n in want if n not in shapes]:
+        raise HFError(f"the weights in {folder} lack {missing[0]}" + (f" and {len(missing) - 1} more" if
+                      len(missing) > 1 else "") + "; the weights and config.json do not belong together")
+    return files
+
+
+# ----------------------------------------------------------------------------------------------------------
+# train.py --init_from: checks before anything is written, then the weights once the model is built
+
+def init_args(folder, module, model_args, explicit, meta):
+    """The model options of a run that starts from folder: model_args with the shared ones from config.json.
+    Checks, before anything is written, that no option given on the command line contradicts config.json, that
+    the tokenizer is the data's, and that every tensor has its name and shape. Returns the new model_args."""
+    hf_args = read_config(folder)
+    differ = [f"--{k} {model_args[k]} (config.json: {v})" for k, v in hf_args.items()
+              if k in explicit and model_args[k] != v]
+    if differ:
+        raise HFError(f"{', '.join(differ)} contradicts {folder}/config.json, which sets the architecture of a run "
+                      "started with --init_from; drop the option")
+    unchecked = check_tokenizer(folder, hf_args["vocab_size"], meta)
+    model_args = {**model_args, **hf_args}
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
+            model = module.GPT(module.GPTConfig(**model_args))
+    except (ValueError, AssertionError, ZeroDivisionError) as e:
+        raise HFError(f"{module.__name__}.py rejects the architecture of {folder}: {e}")
+    check_weights(folder, model)
+    if unchecked:  # once every check has passed: a failing run says one thing only
+        note(unchecked)
+    return model_args
+
+
+@torch.no_grad()
+def load_weights(model, folder):
+    """Copy the folder's tensors into model's shared parameters (in their dtype and device); every parameter the
+    folder does not name keeps its value. Returns the names loaded (ours)."""
+    files = check_weights(folder, model)
+    st, want, ours = safetensors(), shared_names(model), model.state_dict()
+    loaded = []
+    for path in sorted(set(files.values())):
+        with st.safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                if name in want and files.get(name) == path:
+                    ours[want[name]].copy_(f.get_tensor(name))
+                    loaded.append(want[name])
+    return loaded
+
+
+# ----------------------------------------------------------------------------------------------------------
+# export: a vanilla checkpoint -> config.json + model.safetensors (+ the tokenizer files of its data)
+
+def hf_config(model_args, source=None, eot=None):
+    """config.json of Qwen3ForCausalLM (qk_norm) or LlamaForCausalLM for vanilla's model_args. source: the
+    config.json of the folder the run started from, for its token ids and context length."""
+    a, source = model_args, source or {}
+    kind = "qwen3" if a["qk_norm"] else "llama"
+    if kind == "qwen3" and a["bias"]:
+        raise HFError("Qwen3 has no MLP biases, so a model with both qk_norm and bias has no Hugging Face "
+                      "architecture to export to")
+    config = {
+        "architectures": [ARCHITECTURES[kind]], "model_type": kind,
+        "vocab_size": a["vocab_size"], "hidden_size": a["n_embd"], "intermediate_size": a["ffn_hidden"],
+        "num_hidden_layers": a["n_layer"], "num_attention_heads": a["n_head"], "num_key_value_heads": a["n_kv_head"],
+        "head_dim": a["head_dim"] or a["n_embd"] // a["n_head"], "hidden_act": "silu",
+        "max_position_embeddings": source.get("max_position_embeddings", a["block_size"]),
+        "rms_norm_eps": a["norm_eps"], "rope_theta": a["rope_theta"], "rope_scaling": None,
+        "tie_word_embeddings": a["tie_embeddings"], "attention_bias": a["bias"], "attention_dropout": 0.0,
+        "bos_token_id": source.get("bos_token_id"),
+        "eos_token_id": eot if source.get("eos_token_id") is None else source["eos_token_id"],
+        "torch_dtype": "float32", "use_cache": True,
+    }
+    if kind == "llama":
+        config.update(mlp_bias=a["bias"], pretraining_tp=1)
+    else:
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=a["n_layer"])
+    return config
+
+
+def to_hf_state(state, model_args):
+    """vanilla's state_dict -> {Hugging Face name: tensor}; tied embeddings are stored once, as save_pretrained
+    stores them."""
+    out = {}
+    for ours, tensor in state.items():
+        if ours == "lm_head.weight" and model_args["tie_embeddings"]:
+            continue
+        hf = to_hf_name(ours)
+        if hf is None:
+            raise HFError(f"the checkpoint's parameter {ours} has no Hugging Face name; only model_vanilla.py's "
+                          "architecture exists in transformers")
+        out[hf] = tensor.detach().to("cpu").contiguous()
+    return out
+
+
+def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.float32):
+    """Write the folder `to` (which must not exist or be empty): config.json, model.safetensors and the tokenizer
+    files of an hf: tokenizer. Written in a temporary folder beside it, then renamed into place."""
+    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
+        raise HFError(f"--to {to} exists and is not an empty folder; choose another --to or remove it")
+    source = {}
+    if source_folder and os.path.isfile(os.path.join(source_folder, "config.json")):
+        source = read_json(os.path.join(source_folder, "config.json"))
+    config = hf_config(model_args, source, (meta or {}).get("eot_token"))
+    tensors = {k: v.to(dtype) for k, v in to_hf_state(state, model_args).items()}
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    tokenizer = (meta or {}).get("tokenizer", "")
+    copies = []
+    if tokenizer.startswith("hf:"):
+        copies = [os.path.join(tokenizer[3:], f) for f in TOKENIZER_FILES]
+        copies = [path for path in copies if os.path.isfile(path)]
+        if not copies:
+            note(f"the run's tokenizer folder {tokenizer[3:]} holds no tokenizer files any more: none are copied")
+    elif tokenizer:
+        note(f"the run's {tokenizer} tokenizer is not a Hugging Face one: {to} gets no tokenizer files")
+    parent = os.path.dirname(os.path.abspath(to))
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(to))}.tmp{os.getpid()}")
+    try:
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+        safetensors().torch.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        for path in copies:
+            shutil.copy2(path, tmp)
+        if os.path.isdir(to):
+            os.rmdir(to)  # empty (checked above)
+        os.replace(tmp, to)
+    except OSError as e:
+        raise HFError(f"cannot write {to} ({e.strerror}); choose another --to")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tokenizers: prepare.py --tokenizer hf:DIR, and the check that a folder's tokenizer is the data's
+
+EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")  # document separators, by convention
+
+
+def get_tokenizer(folder):
+    """(encode, decode, vocab_size, eot) of folder/tokenizer.json (the `tokenizers` package). The end-of-text id
+    is the first of EOT_NAMES the vocabulary has, else tokenizer_config.json's eos_token."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise HFError(f"{folder} has no tokenizer.json; --tokenizer hf:DIR reads a Hugging Face tokenizer.json")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise HFError("--tokenizer hf:DIR needs the tokenizers package: pip install tokenizers")
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:
+        raise HFError(f"cannot read {path} ({' '.join(str(e).split())[:150]})")
+    tok.encode_special_tokens = True  # a "<|endoftext|>" inside a document is text, not our separator
+    vocab = tok.get_vocab(with_added_tokens=True)
+    eot = next((vocab[n] for n in EOT_NAMES if n in vocab), None)
+    if eot is None and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        eos = read_json(os.path.join(folder, "tokenizer_config.json")).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        eot = vocab.get(eos)
+    if eot is None:
+        raise HFError(f"{path} has no end-of-text token ({', '.join(EOT_NAMES)}, or tokenizer_config.json's "
+                      "eos_token); add one to the tokenizer")
+    vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
+
+    def encode(text):
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    return encode, decode, vocab_size, eot
+
+
+def same_tokenizer(a, b):
+    """Whether the tokenizer.json files a and b define the same tokenizer: the same file, the same bytes, or the
+    same tokenizer once parsed (copies saved by different tools differ in layout only)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    if not (os.path.isfile(a) and os.path.isfile(b)):
+        return False
+    digests = []
+    for path in (a, b):
+        with open(path, "rb") as f:
+            digests.append(hashlib.sha256(f.read()).hexdigest())
+    if digests[0] == digests[1]:
+        return True
+    try:
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(a).to_str() == Tokenizer.from_file(b).to_str()
+    except Exception:  # no tokenizers package, or a file it cannot read: not shown to be the same
+        return False
+
+
+def check_tokenizer(folder, vocab_size, meta):
+    """The folder's tokenizer is the one the data was prepared with; a folder without tokenizer.json passes if
+    its vocabulary size is the data's, and the note that says so is returned."""
+    data_tok = meta["tokenizer"]
+    mine = os.path.join(folder, "tokenizer.json")
+    redo = f"prepare the data with `python prepare.py --tokenizer hf:{folder} ...` and pass that --dataset"
+    if not os.path.isfile(mine):
+        if vocab_size != meta["vocab_size"]:
+            raise HFError(f"{folder}/config.json has vocab_size {vocab_size} but the data's {data_tok} tokenizer has "
+                          f"{meta['vocab_size']}; the model's tokenizer is not the data's: {redo}")
+        return (f"{folder} has no tokenizer.json, so its tokenizer could not be checked against the data's "
+                f"({data_tok}); their vocabulary sizes agree ({vocab_size})")
+    if not (data_tok.startswith("hf:") and same_tokenizer(os.path.join(data_tok[3:], "tokenizer.json"), mine)):
+        raise HFError(f"the tokenizer of {folder} is not the one the data was prepared with ({data_tok}); {redo}")
+    if vocab_size < meta["vocab_size"]:
+        raise HFError(f"{folder}/config.json has vocab_size {vocab_size}, fewer than its tokenizer's "
+                      f"{meta['vocab_size']} tokens; the folder is inconsistent")
+    return None
