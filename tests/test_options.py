@@ -12,6 +12,7 @@ import pytest
 
 import bench
 import eval as evalpy
+import export
 import prepare
 import sample
 import sweep
@@ -53,6 +54,8 @@ def cases():
                                                  "--runs_dir=runs", "--runs=vanilla", "--n_layer=1", "--block_size=8",
                                                  "--batch_size=1", "--train_iters=1", "--eval_points=1", "--seeds=1",
                                                  "--train_args=--eval_iters=1", "--device=cpu"]))
+    for f in dataclasses.fields(export.ExportConfig):
+        out.append(("export.py", f.name, f.type, ["--out_dir={run}", "--to=exported"]))
     for f in dataclasses.fields(prepare.PrepareConfig):
         out.append(("prepare.py", f.name, f.type, ["--files={text}", "--num_proc=1", "--out_dir=data"]))
     return out

@@ -9,6 +9,7 @@ import shlex
 import pytest
 import torch
 
+import export
 import prepare
 import sample
 import train
@@ -28,6 +29,10 @@ PAPERS = {
     "fineweb_edu_qwen3_600m": (32 * 2048, 20_000, 3e-4, "fineweb-edu"),
     "fineweb_gpt2_small": (524_288, 19_073, 1e-3, "fineweb"),  # seed 004, Table 2 and section 3.1
 }
+# runs that start from a pretrained Hugging Face model (--init_from, no preset): Open AttnRes's Experiment 2, with
+# the settings of its authors' later paper (32 x 4096 tokens per step, 10k steps, lr 1e-4)
+FINE_TUNING = {"models/Qwen3-0.6B": (32 * 4096, 10_000, 1e-4, "fineweb-edu-qwen3"),
+               "models/Qwen3-1.7B": (32 * 4096, 10_000, 1e-4, "fineweb-edu-qwen3")}
 SEED_000_SLA = {"50m": (4, 1), "100m": (6, 3), "300m": (9, 6)}  # seed 000, section 4.1
 LOOP = re.compile(r"for (\w+) in ([^;]+); do (.+); done")
 
@@ -65,7 +70,7 @@ def parsed_commands():
                 assert words[0] == "python", single
                 script, argv = words[1], words[2:]
             parse = {"train.py": train.parse_args, "prepare.py": prepare.parse_args, "eval.py": evalpy.parse_args,
-                     "sample.py": sample.parse_args}[script]
+                     "sample.py": sample.parse_args, "export.py": export.parse_args}[script]
             out.append((paper, script, argv, parse(argv)))
     return out
 
@@ -83,8 +88,11 @@ def commands():
 def test_the_table_covers_every_paper_and_recipe(commands):
     assert {paper for paper, _, _ in readme_rows()} == {"Vertical Attention", "SLA", "Open AttnRes", "AILA",
                                                         "skip-middle"}  # the README's short names
-    used = {os.path.basename(a[0])[:-3] for _, script, a, _ in commands if script == "train.py"}
+    used = {os.path.basename(a[0])[:-3] for _, script, a, _ in commands
+            if script == "train.py" and a[0].endswith(".py")}
     assert used == set(PAPERS)
+    started = {a[a.index("--init_from") + 1] for _, script, a, _ in commands if "--init_from" in a}
+    assert started == set(FINE_TUNING)
     presets = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.py"))}
     assert used <= presets and len(presets) <= 10
 
@@ -96,7 +104,7 @@ def test_training_runs_set_what_their_papers_did(commands):
             continue
         o, model_args, _, _ = parsed
         recipe = os.path.basename(argv[0])[:-3]
-        tokens, steps, lr, dataset = PAPERS[recipe]
+        tokens, steps, lr, dataset = PAPERS[recipe] if argv[0].endswith(".py") else FINE_TUNING[o.init_from]
         assert model_args["block_size"] * o.batch_size * o.gradient_accumulation_steps == tokens, argv
         assert o.max_iters == steps or "--max_iters" in argv, argv
         assert o.learning_rate == lr and o.dataset == dataset, argv
@@ -117,12 +125,13 @@ def test_evaluations_read_runs_the_table_trains_on_data_it_prepares(commands):
     read += [a.out_dir for _, script, _, a in commands if script == "sample.py"]
     assert read and set(read) <= trained
     for paper in ("Vertical Attention", "SLA", "Open AttnRes", "skip-middle"):
-        prepared = {a.dataset for p, script, _, a in commands if p == paper and script == "prepare.py"}
+        prepared = {a.name or a.dataset for p, script, _, a in commands if p == paper and script == "prepare.py"}
         used = {o[0].dataset for p, script, _, o in commands if p == paper and script == "train.py"}
         assert used and used <= prepared, paper
     for _, script, _, a in commands:
         if script == "prepare.py":
-            assert a.tokenizer == "gpt2" and a.max_tokens == 0
+            assert a.max_tokens == 0 or a.tokenizer.startswith("hf:")  # all of a corpus, or the fine-tuning's budget
+            assert a.tokenizer == "gpt2" or a.tokenizer == "hf:" + os.path.join(ROOT, "models", "Qwen3-0.6B")
 
 
 def test_size_defaults_fill_only_what_the_command_line_leaves():
