@@ -372,6 +372,27 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model")):
     return ckpt
 
 
+def check_resume(cfg, model_args, explicit, ckpt, meta, path):
+    """--resume continues the saved model on data of the same tokenizer. A model option that differs from the
+    checkpoint's would be ignored, so it is refused: changing the model needs a new run."""
+    if ckpt["model_name"] != cfg.model:
+        raise ConfigError(f"{path} was trained with --model {ckpt['model_name']}, not {cfg.model}; "
+                          f"pass --model {ckpt['model_name']} or choose another --out_dir")
+    saved = ckpt["model_args"]
+    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
+              if k in explicit and v != saved.get(k)]
+    if differ:
+        raise ConfigError(f"--resume continues the model saved in {path}, and these options would change it: "
+                          f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
+    trained = ckpt["meta"]
+    if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
+        raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
+                          f"{trained['vocab_size']}) but {os.path.join(cfg.data_dir, cfg.dataset)} uses "
+                          f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
+                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
+                          f"--tokenizer {trained['tokenizer']}")
+
+
 def load_state(model, state, model_name, path):
     try:
         model.load_state_dict(state)

@@ -31,7 +31,7 @@ import torch
 
 import hf
 from common import (SIZES, ArgumentParser, ConfigError, HelpFormatter, add_options, autocast, build_model,
-                    check_config, check_paths, check_splits, explicit_options, load_model_module, load_state,
+                    check_config, check_paths, check_resume, check_splits, explicit_options, load_model_module, load_state,
                     lock_out_dir, main_boundary, model_names, open_split, option, peak_flops, read_checkpoint,
                     read_config_file, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log,
                     split_config_files, windows)
@@ -128,27 +128,6 @@ def parse_args(argv):
         raise ConfigError(f"{e}{where(name)}")
     check_paths(cfg)
     return cfg, model_args, module, explicit
-
-
-def check_resume(cfg, model_args, explicit, ckpt, meta, path):
-    """--resume continues the saved model on data of the same tokenizer. A model option that differs from the
-    checkpoint's would be ignored, so it is refused: changing the model needs a new run."""
-    if ckpt["model_name"] != cfg.model:
-        raise ConfigError(f"{path} was trained with --model {ckpt['model_name']}, not {cfg.model}; "
-                          f"pass --model {ckpt['model_name']} or choose another --out_dir")
-    saved = ckpt["model_args"]
-    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
-              if k in explicit and v != saved.get(k)]
-    if differ:
-        raise ConfigError(f"--resume continues the model saved in {path}, and these options would change it: "
-                          f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
-    trained = ckpt["meta"]
-    if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
-        raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
-                          f"{trained['vocab_size']}) but {os.path.join(cfg.data_dir, cfg.dataset)} uses "
-                          f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
-                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
-                          f"--tokenizer {trained['tokenizer']}")
 
 
 def read_run(cfg, model_args, module, explicit, meta):
@@ -266,6 +245,32 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step):
             f"or use --dtype float32; {kept}")
 
 
+def this_process(cfg):
+    """(world size, rank, micro-steps per process, device, dtype) of this process: one, or one of torchrun's."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    accum = cfg.gradient_accumulation_steps or world  # not given: one micro-step per process
+    if accum % world:
+        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; make "
+                          "it one, or leave it out (one micro-step per process)")
+    device = resolve_device(cfg.device)
+    if device.type == "cuda" and world > 1:  # one GPU per process
+        device = resolve_device(f"cuda:{local_rank}")
+    return world, rank, accum // world, device, resolve_dtype(cfg.dtype, device)
+
+
+def make_model(module, model_args, cfg, ckpt, device):
+    """The model of model_args on device; a new run with --init_from takes the pretrained weights of the
+    components every model file shares with vanilla (hf.py), the method's own parameters keep their init."""
+    model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
+    if cfg.init_from and ckpt is None:
+        try:
+            hf.load_weights(model, cfg.init_from)
+        except hf.HFError as e:
+            raise ConfigError(str(e))
+    return model
+
+
 def make_optimizer(raw_model, cfg, device):
     """AdamW over the model's own parameter groups (a group may bring its own lr: vertical's scores)."""
     groups = raw_model.param_groups(cfg.weight_decay)
@@ -330,16 +335,7 @@ def optimizer_step(model, raw_model, optimizer, factor, cfg, meta, iter_num, ran
 def main(argv):
     # ---- every check, before anything in out_dir is created or written
     cfg, model_args, module, explicit = parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    accum = (cfg.gradient_accumulation_steps or world) // world  # micro-steps per process; not given: one
-    if (cfg.gradient_accumulation_steps or world) % world:
-        raise ConfigError(f"--gradient_accumulation_steps {cfg.gradient_accumulation_steps} is not a multiple of the "
-                          f"{world} processes; make it one, or leave it out (one micro-step per process)")
-    device = resolve_device(cfg.device)
-    if device.type == "cuda" and world > 1:  # one GPU per process
-        device = resolve_device(f"cuda:{local_rank}")
-    dtype = resolve_dtype(cfg.dtype, device)
+    world, rank, accum, device, dtype = this_process(cfg)
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
@@ -350,12 +346,7 @@ def main(argv):
             torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed + rank)
-    raw_model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
-    if cfg.init_from and ckpt is None:  # the pretrained weights of the shared components (hf.py)
-        try:
-            hf.load_weights(raw_model, cfg.init_from)
-        except hf.HFError as e:
-            raise ConfigError(str(e))
+    raw_model = make_model(module, model_args, cfg, ckpt, device)
     optimizer = make_optimizer(raw_model, cfg, device)
     iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:
