@@ -316,15 +316,13 @@ def read_run_log(run):
 
 
 def tokens_per_step(folder):
-    """batch_size x gradient_accumulation_steps (the total over processes) x block_size from the run's ckpt.pt
+    """The tokens of one optimiser step (all processes and micro-steps), as the run's ckpt.pt records them
     (memory-mapped: the weights are not read), or None where there is no readable checkpoint."""
     path = os.path.join(folder, "ckpt.pt")
     if not os.path.isfile(path):
         return None
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        o = ckpt["train_config"]
-        return int(o["batch_size"] * o["gradient_accumulation_steps"] * ckpt["model_args"]["block_size"])
+        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["run"]["tokens_per_step"])
     except Exception:  # a checkpoint of another version or a damaged one: plot against steps instead
         return None
 
