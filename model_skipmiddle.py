@@ -3,7 +3,7 @@ Skip-middle: learned middle-out layer skipping with gated attention.
 
 Paper (the skip-middle paper): "Learning to Skip the Middle Layers of Transformers" (Tim Lawson and Laurence
 Aitchison, University of Bristol, 2025); their code is github.com/tim-lawson/skip-middle (MIT), "the reference"
-below.
+below. docs/skipmiddle.md has the derivations, measurements and controller dynamics behind the readings below.
 The model is model_vanilla.py with these changes (blocks l = 0..L-1, h the residual stream entering block l,
 g_j the gate of token j):
     embedding:  x = RMSNorm(Embed(idx))                                        (the paper's input norm)
@@ -18,89 +18,24 @@ g_j the gate of token j):
 With zero gate parameters every gate is exactly 1 and the model is the dense sandwich model (gated=False).
 
 Interpretations:
-- Gated attention adds ln g to the logit of the KEY position, so that later queries stop attending to a skipped
-  token. The reference code adds it per QUERY row (score_mod[b, q_idx]), where softmax cancels it: a no-op.
-  The bias depends on the key only, so it rides inside the keys (gate_into_keys): every query gets one more
-  coordinate c = 1 and every key ln(max(g_j, eps)) / (c * scale), with scale = 1/sqrt(hd) passed to SDPA
-  explicitly; q, k and v are zero-padded to a multiple of 8. Then q . k * scale is the logit plus the bias, and
-  SDPA runs plain causal attention with GQA (is_causal=True, enable_gqa): no (B, 1, T, T) mask and no copy of
-  K and V per query head, so the flash kernels apply on CPU and CUDA (CUDA's flash needs the head size a
-  multiple of 8 and no explicit mask; flash on both needs v's head size equal to q's and k's, hence v's pad,
-  which only CUDA's memory-efficient kernel would not need). Cost: hd -> hd + 8 - hd % 8 in the attention
-  matmuls (32 -> 40 at the small shape; 64 -> 72 and 128 -> 136, which CUDA's flash kernel rounds up to its
-  next compiled size). FlexAttention with a score_mod would add the bias without the extra columns, but in
-  torch 2.13 it has no backward on CPU and needs torch.compile to be fast; measured on CPU (one attention
-  layer, 4 x 1024 tokens, 4 heads of 32, forward + backward, 1 thread): plain causal 0.49 s, this path 0.61 s,
-  the explicit mask with expanded K, V 1.06 s. The appended coordinate is exact in float64 and costs no more
-  than the direct mask in bf16 (next item), so it is the one path everywhere.
-  bf16: c is a power of two (exact in every format), so c * k_extra * scale reproduces the bias up to one bf16
-  rounding of k_extra, a relative error of at most 2^-8 of the bias (bf16 keeps 8 significant bits: 0.054 for
-  ln 1e-6 = -13.8, i.e. a relative error of 5.5% on a weight of 1e-6; 0.0027 on ln 0.5), which is exactly what
-  rounding the direct float mask to bf16 costs; any c that is a power of two gives the same, a c that is not
-  adds its own rounding.
-  tests/test_skipmiddle.py checks it: both paths in bf16 against a float64 reference, same error.
-  The bias is differentiable: the gate also learns through attention (eq. 3 as written).
+- Eq. 3 biases the KEY position; the reference adds ln g per QUERY row, where the softmax cancels it (a no-op).
+- The bias rides inside the keys (gate_into_keys): plain causal GQA attention, flash-eligible; hd padded to 8k.
+- The bias is differentiable: the gate also learns through attention (eq. 3 as written).
 - The gate reads the raw residual stream entering its block (as the reference does), not a normalised copy.
-- Odd L: the middle block l = (L-1)/2 satisfies l < L/2, so it has a gate of its own (accumulated like the
-  others) and is its own mirror; gate parameters are (d+1) * ceil(L/2), (d+1) L/2 for even L.
-- Regulariser: the mean over all L blocks, as eq. 5 and the reference (mirrored blocks share gate and target,
-  so for even L this equals the mean over the first half); var is the population variance (eq. 4) of this
-  micro-batch's gates. It is added to the loss only in training mode with targets; eval losses are pure CE.
-- Controller statistics: the mean and variance of the gates over every token of the optimiser step's global
-  batch (all micro-steps, all DDP ranks), from the sums of g, g^2 and the token count, all-reduced in
-  after_step(): the reference's pooled estimate, identical on every rank, so the coefficients stay identical.
-  The symmetric rule of the reference (eq. 6 writes only the upper side). Coefficients start at 0 and are
-  persistent buffers (in checkpoints); targets are non-persistent (they follow from the config).
-  With one gated block (L <= 2) the target is 1 (linspace of one point starts at 1), as in the reference.
-- Init: normal(0, 0.02) for every linear and embedding weight as the paper says (no 1/sqrt(2L) scaling of the
-  residual projections: the post-norms rescale their outputs anyway); gate weights normal(0, gate_init_std)
-  with zero biases (ReLU(0) has no gradient, so an all-zero gate could never move). gate_init_std = 0 gives the
-  exactly dense start the paper describes.
-- Gate statistics are accumulated as sums (detached) in plain attributes, not buffers, because DDP broadcasts
-  rank 0's buffers before every forward and would overwrite the other ranks' sums. They are transient: every
-  after_step() clears them, so alpha and beta are the whole controller state a checkpoint needs. after_step()
-  all-reduces whenever a process group exists, so every rank must call it (train.py does).
-- stats(): per gated block (the second half mirrors it) the mean gate, the fraction of exactly-zero gates and the
-  coefficients, plus est_flops_ratio = estimated forward FLOPs per token over the dense model's (paper Fig. 2):
-  each block's matmul FLOPs (causal attention at block_size) times the fraction of tokens it does not skip, plus
-  the head and the gates. The gate statistics come from the eval-mode forwards since the last stats() call (in
-  train.py: this process's share of the validation windows), else from the last optimiser step (all ranks).
-- depth_map(): (L, 1), the mean gate of every block from the same statistics as stats() (not consumed by it);
-  it raises if no forward has been recorded yet, so run some forwards (e.g. validation) first.
-- KVCache keeps each cached key's gate per layer (in float32 at least), so that a skipped token stays masked
-  during generation; the gate coordinate is appended to the cached keys at every step.
-- Training computes every block for every token: a skipped token's block output is multiplied by 0 (the paper
-  measures FLOPs "assuming" the saving too). Inference skips for real: forward_skip() (generate(skip=True), the
-  default; eval.py's loss with skipping) runs block l only on the tokens whose gate is > 0, gathered per row
-  and scattered back (the stream of a skipped token passes unchanged, as the multiply by 0 gives), does not
-  compute a block no token runs, nor, since gates only close further, any block up to its mirror. SkipCache
-  stores per layer only the keys and values of the tokens that ran it, so a skipped token gets attention
-  weight exactly 0 from every later query, where forward() gives it the eps floor's weight exp(s_ij) * 1e-6
-  (relative to the keys that run). That is the only difference: the logits differ by O(T * eps) per layer
-  (tests: within L * T * eps * e^2), and greedy generation agrees on the tests' models and the Shakespeare
-  checkpoint. generate(skip=False) is the dense computation of forward(), with KVCache.
-- Sparsity and gate_gamma: the controller (eq. 6) is an integrator. A coefficient moves by at most
-  gamma * |stat - target| per step, and what makes zeros is beta going negative (rewarding variance) until the
-  variance approaches its target mu(1 - mu), 0.25 at the middle block, which only gates at 0 and 1 reach. On
-  the Shakespeare preset sparsity appears once |beta| is about 0.15-0.2 (log of config/skipmiddle_shakespeare.py:
-  beta -0.17 and 48% zero gates at the middle block after 200 steps with gamma 1e-2); with a variance deviation
-  of about 0.2 that takes about 0.2 / (0.2 * gamma) steps: 100 with gamma 1e-2, 1000 (the whole budget, and
-  the deviation shrinks on the way) with the paper's 1e-3, which the paper's 19k-step runs can afford (< 5% of
-  training). The loss scales match (both are the mean CE per token plus the mean over L of the terms), so the
-  controller's scale is not the difference. The init is the other one: w . h has std gate_init_std * sqrt(d) *
-  rms(h), 0.23 at d = 128 against 0.55 at the paper's d = 768, and S sums 3 gates here against 6 there. At
-  init (random tokens) the paper's 12-layer d = 768 shape has its middle gates 90% zero already, so the
-  controller only has to hold zeros; the preset's middle gate starts at 2% zeros (mean 0.55) and the controller
-  must create them. So short runs at small width need gamma * steps of about 10, as the paper's
-  1e-3 * 19k gives 19; the preset uses 1e-2 for its 1000 steps (at step 1000: 46% of the middle block's and
-  19% of the next gates zero, est_flops_ratio 0.79). The model default stays the paper's 1e-3.
-- Step 0 from a pretrained model (train.py --init_from): not function-preserving. The embedding norm and the
-  norms after each module are new (weight 1: they rescale the embedding and every module's output to unit RMS),
-  and the gates start random (gate_init_std), so the pretrained weights see another residual stream
-  (tests/test_hf.py).
-
-Extra parameters: (d+1) * ceil(L/2) with gated=True (0 with gated=False), plus 2 d per block for the output norms
-and d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
+- Odd L: the middle block has a gate of its own and is its own mirror.
+- Regulariser: the mean over all L blocks (eq. 5), population variance; training mode with targets only.
+- Controller: statistics of the optimiser step's global batch (all micro-steps and ranks); symmetric rule.
+- Coefficients start at 0 and are saved in checkpoints; the targets follow from the config (L <= 2: target 1).
+- Init: normal(0, 0.02) without 1/sqrt(2L) (the post-norms rescale); gates N(0, gate_init_std), biases 0.
+- Gate statistics live in plain attributes (DDP broadcasts buffers) and every after_step() clears them.
+- stats(): per gated block mean gate, zero fraction, alpha, beta; est_flops_ratio as the paper's Fig. 2.
+- depth_map(): (L, 1), the mean gate of every block, from the same statistics as stats().
+- Training runs every block for every token (a skipped token's output times 0); inference skips for real.
+- Skipping (forward_skip, generate(skip=True)): a skipped key gets weight 0, not the eps floor's exp(s) * 1e-6.
+- Step 0 from a pretrained model (train.py --init_from): not function-preserving: the embedding norm, the norms
+  after each module and the random gates are new (tests/test_hf.py).
+Extra parameters: (d+1) * ceil(L/2) gate parameters with gated=True (0 with gated=False), 2 d per block for the
+output norms, d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
 """
 import math
 from dataclasses import dataclass, field, fields
@@ -238,58 +173,6 @@ class KVCache:
         """Store the gates g (B, T) of the new tokens; return the gates of all tokens so far (B, pos + T)."""
         self.g[layer, :, self.pos:self.pos + g.size(1)] = g
         return self.g[layer, :, :self.pos + g.size(1)]
-
-
-class SkipCache:
-    """Generation with skipping: per layer and row, the keys, values and gates of only the tokens that ran that
-    layer (g > 0), packed in order, with their positions; a skipped token takes no slot, so no later query can
-    attend to it. GPT.forward_skip() calls select() before each block with the tokens that run it."""
-
-    def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.head_dim or config.n_embd // config.n_head
-        n = config.block_size + 1  # slot block_size is scratch: the padding of rows with fewer tokens goes there
-        self.k = torch.zeros(config.n_layer, batch_size, config.n_kv_head, n, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-        self.g = torch.ones(config.n_layer, batch_size, n, device=device,
-                            dtype=torch.promote_types(dtype, torch.float32))
-        self.key_pos = torch.zeros(config.n_layer, batch_size, n, dtype=torch.long, device=device)
-        self.n = torch.zeros(config.n_layer, batch_size, dtype=torch.long, device=device)  # slots in use
-        self.pos = 0  # number of tokens already seen (run or skipped)
-
-    def select(self, layer, query_pos, valid):
-        """The tokens about to run `layer`: positions query_pos (B, N), valid (B, N) False for row padding."""
-        n = self.n[layer]
-        self.layer, self.query_pos, self.past_n = layer, query_pos, n.clone()
-        slots = n[:, None] + torch.arange(query_pos.size(1), device=n.device)  # (B, N)
-        self.slots = torch.where(valid, slots, self.k.size(3) - 1)
-        self.n[layer] = n + valid.sum(1)
-        self.key_pos[layer].scatter_(1, self.slots, query_pos)
-
-    def update(self, layer, k, v):
-        """Store k, v (B, H_kv, N, hd) of the selected tokens; return the keys/values of the layer's slots."""
-        index = self.slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, index, k.to(self.k.dtype))  # under autocast k, v are bf16, the cache the weights'
-        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
-        Tk = int(self.n[layer].max())
-        return self.k[layer, :, :, :Tk], self.v[layer, :, :, :Tk]
-
-    def update_gates(self, layer, g):
-        """Store the gates g (B, N) of the selected tokens; return those of the layer's slots (B, Tk)."""
-        self.g[layer].scatter_(1, self.slots, g.to(self.g.dtype))
-        return self.g[layer, :, :int(self.n[layer].max())]
-
-    def attention_mask(self, T, Tk):
-        """(is_causal, mask) for the selected tokens against the layer's Tk slots: a slot is visible if it is
-        in use in that row and its token does not come after the query."""
-        n, past_n = self.n[self.layer], self.past_n
-        if bool((n == Tk).all()):  # no row padding among the keys
-            if T == 1:
-                return False, None  # a single new token sees every stored key
-            if bool((past_n == 0).all()):
-                return True, None  # the keys are exactly the queries, in order: plain causal attention
-        used = torch.arange(Tk, device=n.device) < n[:, None]                              # (B, Tk)
-        earlier = self.key_pos[self.layer, :, None, :Tk] <= self.query_pos[:, :, None]    # (B, T, Tk)
-        return False, (used[:, None, :] & earlier)[:, None]                              # (B, 1, T, Tk)
 
 
 def attention_mask(T, Tk, past, device):
@@ -490,6 +373,120 @@ class GPT(nn.Module):
             return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
         return logits, loss
 
+    def gate_loss(self, G):
+        """The regulariser (eq. 5): mean over the L blocks of alpha_l * mean(g_l) + beta_l * var(g_l)."""
+        mean, var = G.mean((1, 2))[self.mirror], G.var((1, 2), correction=0)[self.mirror]  # (L,)
+        return (self.gate_alpha * mean + self.gate_beta * var).mean()
+
+    @torch.no_grad()
+    def _record(self, G):
+        G = G.detach().float()
+        sums = torch.stack([G.sum((1, 2)), G.pow(2).sum((1, 2)), (G == 0).float().sum((1, 2)),
+                            torch.full_like(G[:, 0, 0], G[0].numel())], dim=1)  # (n_gates, 4)
+        name = "_train_sums" if self.training else "_eval_sums"
+        setattr(self, name, sums if getattr(self, name) is None else getattr(self, name) + sums)
+
+    def _summary(self, sums):
+        """(mean, var, zero fraction) of every block's gates, each (L,), from sums (n_gates, 4)."""
+        s = sums[self.mirror]
+        mean = s[:, 0] / s[:, 3]
+        return mean, (s[:, 1] / s[:, 3] - mean ** 2).clamp(min=0.0), s[:, 2] / s[:, 3]
+
+    @torch.no_grad()
+    def after_step(self):
+        """One controller update from the gates of the optimiser step just taken. Collective under DDP: every rank
+        must call it after every optimiser step (train.py does)."""
+        sums, self._train_sums = self._train_sums, None
+        if sums is None:
+            return
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sums)  # sums over the global batch: the same statistics on every rank
+        self._last_step = self._summary(sums)
+        self.update_coefficients(*self._last_step[:2])
+
+    @torch.no_grad()
+    def update_coefficients(self, mean, var):
+        """eq. 6, both sides: c += gamma * 1[|stat - target| > delta] * (stat - target); mean, var (L,)."""
+        c = self.config
+        for coef, stat, target in ((self.gate_alpha, mean, self.gate_mean_target),
+                                   (self.gate_beta, var, self.gate_var_target)):
+            dev = stat.to(coef) - target
+            coef.add_(c.gate_gamma * (dev.abs() > c.gate_delta) * dev)
+
+    def _gate_summary(self, consume):
+        if self._eval_sums is not None:
+            sums = self._eval_sums
+            if consume:
+                self._eval_sums = None
+            return self._summary(sums)
+        return self._last_step
+
+    def stats(self):
+        """Per gated block l: mean gate, fraction of zero gates, alpha, beta; est_flops_ratio (docs/skipmiddle.md).
+        Collective under DDP: every rank must call it (train.py does); the eval-mode gate sums of every rank are
+        pooled first, so that the gates describe the same validation windows as train.py's val_loss."""
+        if not self.config.gated:
+            return {}
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            sums = self._eval_sums
+            if sums is None:  # a rank without validation windows adds zeros
+                sums = torch.zeros(len(self.gates), 4, dtype=torch.float32, device=self.gate_alpha.device)
+            torch.distributed.all_reduce(sums)
+            self._eval_sums = sums if sums[0, 3] > 0 else None
+        summary = self._gate_summary(consume=True)
+        out = {}
+        for l in range(len(self.gates)):
+            if summary is not None:
+                out[f"gate{l}_mean"], out[f"gate{l}_zero"] = summary[0][l].item(), summary[2][l].item()
+            out[f"gate{l}_alpha"], out[f"gate{l}_beta"] = self.gate_alpha[l].item(), self.gate_beta[l].item()
+        if summary is not None:
+            sparse, dense = self.estimated_flops(summary[2])
+            out["est_flops_ratio"] = sparse / dense
+        return out
+
+    def depth_map(self):
+        """(L, 1): the mean gate of every block over the recorded forwards (see the docstring)."""
+        if not self.config.gated:
+            return torch.ones(self.config.n_layer, 1)
+        summary = self._gate_summary(consume=False)
+        if summary is None:
+            raise RuntimeError("depth_map() reports measured gates: run forward passes (e.g. validation) first")
+        return summary[0].detach().cpu().unsqueeze(1)
+
+    def estimated_flops(self, zero, seq_len=None, head_size=None):
+        """Forward FLOPs per token (sparse, dense) if a token cost nothing in a block where its gate is 0 (paper
+        Fig. 2): block matmuls times the fraction of tokens not skipped, plus head and gates; zero (L,). The
+        attention matmuls at seq_len (default block_size) and head_size (default hd: the paper's dense model)."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
+        block += c.n_head * (head_size or hd) * ((seq_len or c.block_size) + 1)  # q.k and p.v over the causal half
+        head = c.n_embd * c.vocab_size  # the embedding is a lookup, not a matmul
+        sparse = head + len(self.gates) * c.n_embd + block * (1 - zero).sum().item()
+        return 2 * sparse, 2 * (head + block * c.n_layer)
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases, and never on the
+        gates: they have a group of their own with weight decay 0 whatever weight_decay is (as in the reference)."""
+        gates = [p for p in self.gates.parameters() if p.requires_grad]
+        params = [p for p in self.parameters() if p.requires_grad and all(p is not g for g in gates)]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        if gates:
+            groups.append({"params": gates, "weight_decay": 0.0})
+        return groups
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does: every block
+        for every token (training skips nothing), attention at the head size the gate coordinate pads."""
+        hd = self.config.head_dim or self.config.n_embd // self.config.n_head
+        hp = hd + 8 - hd % 8 if self.config.gated else hd
+        return 3 * self.estimated_flops(torch.zeros(self.config.n_layer), seq_len, head_size=hp)[0]
+
+    # --- inference that really skips ---
+
     @torch.no_grad()
     def forward_skip(self, idx, targets=None, cache=None):
         """Inference that really skips: at every block only the tokens whose gate is > 0 run it (gathered per row,
@@ -537,120 +534,6 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    def gate_loss(self, G):
-        """The regulariser (eq. 5): mean over the L blocks of alpha_l * mean(g_l) + beta_l * var(g_l)."""
-        mean, var = G.mean((1, 2))[self.mirror], G.var((1, 2), correction=0)[self.mirror]  # (L,)
-        return (self.gate_alpha * mean + self.gate_beta * var).mean()
-
-    @torch.no_grad()
-    def _record(self, G):
-        G = G.detach().float()
-        sums = torch.stack([G.sum((1, 2)), G.pow(2).sum((1, 2)), (G == 0).float().sum((1, 2)),
-                            torch.full_like(G[:, 0, 0], G[0].numel())], dim=1)  # (n_gates, 4)
-        name = "_train_sums" if self.training else "_eval_sums"
-        setattr(self, name, sums if getattr(self, name) is None else getattr(self, name) + sums)
-
-    def _summary(self, sums):
-        """(mean, var, zero fraction) of every block's gates, each (L,), from sums (n_gates, 4)."""
-        s = sums[self.mirror]
-        mean = s[:, 0] / s[:, 3]
-        return mean, (s[:, 1] / s[:, 3] - mean ** 2).clamp(min=0.0), s[:, 2] / s[:, 3]
-
-    @torch.no_grad()
-    def after_step(self):
-        """Called after every optimiser step (on every rank): one controller update from the step's gates."""
-        sums, self._train_sums = self._train_sums, None
-        if sums is None:
-            return
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(sums)  # sums over the global batch: the same statistics on every rank
-        self._last_step = self._summary(sums)
-        self.update_coefficients(*self._last_step[:2])
-
-    @torch.no_grad()
-    def update_coefficients(self, mean, var):
-        """eq. 6, both sides: c += gamma * 1[|stat - target| > delta] * (stat - target); mean, var (L,)."""
-        c = self.config
-        for coef, stat, target in ((self.gate_alpha, mean, self.gate_mean_target),
-                                   (self.gate_beta, var, self.gate_var_target)):
-            dev = stat.to(coef) - target
-            coef.add_(c.gate_gamma * (dev.abs() > c.gate_delta) * dev)
-
-    def _gate_summary(self, consume):
-        if self._eval_sums is not None:
-            sums = self._eval_sums
-            if consume:
-                self._eval_sums = None
-            return self._summary(sums)
-        return self._last_step
-
-    def stats(self):
-        """Per gated block l: mean gate, fraction of zero gates, alpha, beta; est_flops_ratio (see the docstring).
-        Under a process group the eval-mode gate sums of every rank are pooled first, so that the gates describe
-        the same validation windows as train.py's val_loss; every rank must call it then (train.py does)."""
-        if not self.config.gated:
-            return {}
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            sums = self._eval_sums
-            if sums is None:  # a rank without validation windows adds zeros
-                sums = torch.zeros(len(self.gates), 4, dtype=torch.float32, device=self.gate_alpha.device)
-            torch.distributed.all_reduce(sums)
-            self._eval_sums = sums if sums[0, 3] > 0 else None
-        summary = self._gate_summary(consume=True)
-        out = {}
-        for l in range(len(self.gates)):
-            if summary is not None:
-                out[f"gate{l}_mean"], out[f"gate{l}_zero"] = summary[0][l].item(), summary[2][l].item()
-            out[f"gate{l}_alpha"], out[f"gate{l}_beta"] = self.gate_alpha[l].item(), self.gate_beta[l].item()
-        if summary is not None:
-            sparse, dense = self.estimated_flops(summary[2])
-            out["est_flops_ratio"] = sparse / dense
-        return out
-
-    def depth_map(self):
-        """(L, 1): the mean gate of every block over the recorded forwards (see the docstring)."""
-        if not self.config.gated:
-            return torch.ones(self.config.n_layer, 1)
-        summary = self._gate_summary(consume=False)
-        if summary is None:
-            raise RuntimeError("depth_map() reports measured gates: run forward passes (e.g. validation) first")
-        return summary[0].detach().cpu().unsqueeze(1)
-
-    def estimated_flops(self, zero, seq_len=None):
-        """Forward FLOPs per token (sparse, dense) if a token cost nothing in a block where its gate is 0 (paper
-        Fig. 2): block matmuls times the fraction of tokens not skipped, plus head and gates; zero (L,)."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
-        block += c.n_head * hd * ((seq_len or c.block_size) + 1)  # q.k and p.v over the causal half
-        sparse = c.n_embd * c.vocab_size + len(self.gates) * c.n_embd + block * (1 - zero).sum().item()
-        return 2 * sparse, 2 * (c.n_embd * c.vocab_size + block * c.n_layer)
-
-    def param_groups(self, weight_decay):
-        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases, and never on the
-        gates: they have a group of their own with weight decay 0 whatever weight_decay is (as in the reference)."""
-        gates = [p for p in self.gates.parameters() if p.requires_grad]
-        params = [p for p in self.parameters() if p.requires_grad and all(p is not g for g in gates)]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        if gates:
-            groups.append({"params": gates, "weight_decay": 0.0})
-        return groups
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
-        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
-        linear += len(self.gates) * c.n_embd  # the gates' w . h
-        # causal attention (the flash kernels skip the upper half); the gate coordinate pads the head size
-        hp = hd + 8 - hd % 8 if c.gated else hd
-        attention = c.n_layer * 2 * c.n_head * hp * (seq_len + 1) / 2  # q.k and p.v
-        return 3 * 2 * (linear + attention)
-
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, skip=True):
         """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding. skip: tokens whose gate
@@ -671,6 +554,58 @@ class GPT(nn.Module):
                 n_seen = idx.size(1)
             idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
         return idx
+
+
+class SkipCache:
+    """The cache of forward_skip() (inference that really skips, continued): per layer and row, the keys, values
+    and gates of only the tokens that ran that layer (g > 0), packed in order, with their positions; a skipped
+    token takes no slot, so no later query can attend to it. forward_skip() calls select() before each block."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.head_dim or config.n_embd // config.n_head
+        n = config.block_size + 1  # slot block_size is scratch: the padding of rows with fewer tokens goes there
+        self.k = torch.zeros(config.n_layer, batch_size, config.n_kv_head, n, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.g = torch.ones(config.n_layer, batch_size, n, device=device,
+                            dtype=torch.promote_types(dtype, torch.float32))
+        self.key_pos = torch.zeros(config.n_layer, batch_size, n, dtype=torch.long, device=device)
+        self.n = torch.zeros(config.n_layer, batch_size, dtype=torch.long, device=device)  # slots in use
+        self.pos = 0  # number of tokens already seen (run or skipped)
+
+    def select(self, layer, query_pos, valid):
+        """The tokens about to run `layer`: positions query_pos (B, N), valid (B, N) False for row padding."""
+        n = self.n[layer]
+        self.layer, self.query_pos, self.past_n = layer, query_pos, n.clone()
+        slots = n[:, None] + torch.arange(query_pos.size(1), device=n.device)  # (B, N)
+        self.slots = torch.where(valid, slots, self.k.size(3) - 1)
+        self.n[layer] = n + valid.sum(1)
+        self.key_pos[layer].scatter_(1, self.slots, query_pos)
+
+    def update(self, layer, k, v):
+        """Store k, v (B, H_kv, N, hd) of the selected tokens; return the keys/values of the layer's slots."""
+        index = self.slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k.to(self.k.dtype))  # under autocast k, v are bf16, the cache the weights'
+        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
+        Tk = int(self.n[layer].max())
+        return self.k[layer, :, :, :Tk], self.v[layer, :, :, :Tk]
+
+    def update_gates(self, layer, g):
+        """Store the gates g (B, N) of the selected tokens; return those of the layer's slots (B, Tk)."""
+        self.g[layer].scatter_(1, self.slots, g.to(self.g.dtype))
+        return self.g[layer, :, :int(self.n[layer].max())]
+
+    def attention_mask(self, T, Tk):
+        """(is_causal, mask) for the selected tokens against the layer's Tk slots: a slot is visible if it is
+        in use in that row and its token does not come after the query."""
+        n, past_n = self.n[self.layer], self.past_n
+        if bool((n == Tk).all()):  # no row padding among the keys
+            if T == 1:
+                return False, None  # a single new token sees every stored key
+            if bool((past_n == 0).all()):
+                return True, None  # the keys are exactly the queries, in order: plain causal attention
+        used = torch.arange(Tk, device=n.device) < n[:, None]                              # (B, Tk)
+        earlier = self.key_pos[self.layer, :, None, :Tk] <= self.query_pos[:, :, None]    # (B, T, Tk)
+        return False, (used[:, None, :] & earlier)[:, None]                              # (B, 1, T, Tk)
 
 
 def sample_next(logits, temperature, top_k, top_p):
