@@ -52,12 +52,12 @@ Interpretations:
   records in a plain attribute: like a logged loss they are per rank and not saved in checkpoints (the map
   depends on the input, not only on the weights). Row 0 (the first attention) reads only the embedding, so its
   weight is always 1 and its w and g get no gradient; they are kept so that every sublayer is alike.
-- Recency bias (seed 002's Experiment 2, continued pretraining of Qwen3 models: "bias=0 frozen", "bias=3
+- Recency bias (Open AttnRes's Experiment 2, continued pretraining of Qwen3 models: "bias=0 frozen", "bias=3
   learnable"): recency_bias b is added to each mix's logit of its most recent source, the open block's partial
   sum while it is non-empty, else the newest completed source (the output mix included; for the first attention,
   whose only source is the embedding, it changes nothing). recency_bias_learnable makes b one scalar parameter
   per mix (2L + 1 in all, no weight decay) starting at recency_bias; otherwise b is a constant outside the state
-  dict, and b = 0, the default, is no bias at all: seed 002's best fine-tuning runs ("bias=0 frozen", zero-init
+  dict, and b = 0, the default, is no bias at all: Open AttnRes's best fine-tuning runs ("bias=0 frozen", zero-init
   pseudo-queries) are this file's defaults. Seed 002's repository adds the bias to the logit of its running
   residual stream (a cumulative state), so that a large b gives back the pretrained model; here the newest source
   is a sum of sublayer outputs, and a large b makes a mix read that block alone. No b gives the pretrained model

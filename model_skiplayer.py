@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "CausalSelfAttention", "Block", "GPT")  # components that differ from model_vanilla.py
 VARIANTS = {"mha": dict(n_kv_head=4), "ala": dict(ala_every=1)}  # configurations the contract suite also tests
-# seed 000's (n_l, n_h) at its sizes (section 4.1); train.py's --size applies them
+# the Vertical Attention paper's (n_l, n_h) at its sizes (section 4.1); train.py's --size applies them
 SIZE_DEFAULTS = {"50m": dict(skip_layers=4, skip_heads=1), "100m": dict(skip_layers=6, skip_heads=3),
                  "300m": dict(skip_layers=9, skip_heads=6)}
 

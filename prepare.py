@@ -126,9 +126,9 @@ def shakespeare_documents():
 
 
 WEB_DATASETS = {  # name -> (Hugging Face hub repo, config); all are parquet shards, streamed
-    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # seed 000 (and seed 002)
-    "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # seed 004
-    "openwebtext": ("Skylion007/openwebtext", None),  # seed 001
+    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # the Vertical Attention paper (and Open AttnRes)
+    "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # the skip-middle paper
+    "openwebtext": ("Skylion007/openwebtext", None),  # the SLA paper
 }
 
 

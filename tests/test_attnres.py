@@ -1,4 +1,4 @@
-"""Attention Residuals (model_attnres.py, seed 002): the tests issue 5 asks for, besides the contract suite."""
+"""Attention Residuals (model_attnres.py, the Open AttnRes paper): the paper's own properties, besides the contract suite."""
 import pytest
 import torch
 import torch.nn.functional as F

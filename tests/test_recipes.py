@@ -19,21 +19,21 @@ evalpy = importlib.import_module("eval")
 
 # per recipe, what its paper gives: (tokens per optimiser step, steps, peak learning rate, data set)
 PAPERS = {
-    "fineweb_edu_50m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),  # seed 000, section 4.1
+    "fineweb_edu_50m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),  # the Vertical Attention paper, section 4.1
     "fineweb_edu_100m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),
     "fineweb_edu_300m": (256 * 4096, 20_000, 1e-4, "fineweb-edu"),
-    "openwebtext_gpt2_small": (524_288, 18_000, 1.5e-4, "openwebtext"),  # seed 001, section 4.2
+    "openwebtext_gpt2_small": (524_288, 18_000, 1.5e-4, "openwebtext"),  # the SLA paper, section 4.2
     "openwebtext_gpt2_medium": (524_288, 18_000, 1.5e-4, "openwebtext"),
     "openwebtext_gpt2_large": (524_288, 18_000, 1.5e-4, "openwebtext"),
-    "fineweb_edu_qwen3_100m": (64 * 2048, 20_000, 6e-4, "fineweb-edu"),  # seed 002 and its authors' script
+    "fineweb_edu_qwen3_100m": (64 * 2048, 20_000, 6e-4, "fineweb-edu"),  # Open AttnRes and its authors' script
     "fineweb_edu_qwen3_600m": (32 * 2048, 20_000, 3e-4, "fineweb-edu"),
-    "fineweb_gpt2_small": (524_288, 19_073, 1e-3, "fineweb"),  # seed 004, Table 2 and section 3.1
+    "fineweb_gpt2_small": (524_288, 19_073, 1e-3, "fineweb"),  # the skip-middle paper, Table 2 and section 3.1
 }
 # runs that start from a pretrained Hugging Face model (--init_from, no preset): Open AttnRes's Experiment 2, with
 # the settings of its authors' later paper (32 x 4096 tokens per step, 10k steps, lr 1e-4)
 FINE_TUNING = {"models/Qwen3-0.6B": (32 * 4096, 10_000, 1e-4, "fineweb-edu-qwen3"),
                "models/Qwen3-1.7B": (32 * 4096, 10_000, 1e-4, "fineweb-edu-qwen3")}
-SEED_000_SLA = {"50m": (4, 1), "100m": (6, 3), "300m": (9, 6)}  # seed 000, section 4.1
+SEED_000_SLA = {"50m": (4, 1), "100m": (6, 3), "300m": (9, 6)}  # the Vertical Attention paper, section 4.1
 LOOP = re.compile(r"for (\w+) in ([^;]+); do (.+); done")
 
 
@@ -109,11 +109,11 @@ def test_training_runs_set_what_their_papers_did(commands):
         assert o.max_iters == steps or "--max_iters" in argv, argv
         assert o.learning_rate == lr and o.dataset == dataset, argv
         assert o.gradient_accumulation_steps % 16 == 0, argv  # 1, 2, 4, 8 or 16 GPUs share it out
-        if o.model == "skiplayer" and o.size:  # seed 000's SLA at its sizes
+        if o.model == "skiplayer" and o.size:  # the Vertical Attention paper's SLA at its sizes
             assert (model_args["skip_layers"], model_args["skip_heads"]) == SEED_000_SLA[o.size], argv
         if o.model == "vertical":
             assert model_args["va_weight_decay"] == 0.01 and (model_args["va_lr"] == 0.01 or "--va_lr" in argv)
-        if recipe == "fineweb_gpt2_small":  # seed 004 clips no gradients and decays no weights
+        if recipe == "fineweb_gpt2_small":  # the skip-middle paper clips no gradients and decays no weights
             assert o.grad_clip == 0 and o.weight_decay == 0
         out_dirs.append(o.out_dir)
     assert len(out_dirs) == len(set(out_dirs)) and "out" not in out_dirs  # no run overwrites another
@@ -140,7 +140,7 @@ def test_size_defaults_fill_only_what_the_command_line_leaves():
     assert (m["n_layer"], m["n_embd"], m["skip_layers"], m["skip_heads"]) == (6, 192, 4, 2)
     _, m, _, _ = train.parse_args(["--model", "skiplayer", "--size", "100m"])
     assert (m["n_layer"], m["skip_layers"], m["skip_heads"]) == (8, 6, 3)
-    _, m, _, _ = train.parse_args(["--model", "skiplayer"])  # no size: seed 001's 3/4 rule
+    _, m, _, _ = train.parse_args(["--model", "skiplayer"])  # no size: the SLA paper's 3/4 rule
     assert (m["skip_layers"], m["skip_heads"]) == (-1, -1)
     recipe = os.path.join(ROOT, "config", "fineweb_edu_100m.py")
     _, m, _, _ = train.parse_args([recipe, "--model", "vertical", "--n_layer", "4"])

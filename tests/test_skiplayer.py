@@ -44,10 +44,10 @@ def tokens(seed=1, batch=2, length=T):
 def expected_source(cfg, l, h):
     """1-indexed layer that query head h (0-indexed) of layer l (1-indexed) reads, from the papers' rules."""
     L, H = cfg.n_layer, cfg.n_head
-    if cfg.ala_every > 0:  # seed 000's ALA(-): head i of the last layer reads layer L - K*i, else its own
+    if cfg.ala_every > 0:  # the Vertical Attention paper's ALA(-): head i of the last layer reads layer L - K*i, else its own
         return L - cfg.ala_every * h if l == L and L - cfg.ala_every * h >= 1 else l
     n_l, n_h = cfg.skip_setting()
-    return l - n_l if l > n_l and h >= H - n_h else l  # seed 001's equation: the last n_h heads skip
+    return l - n_l if l > n_l and h >= H - n_h else l  # the SLA paper's equation: the last n_h heads skip
 
 
 def run_capturing(model, idx, pinned=None):
@@ -79,7 +79,7 @@ def run_capturing(model, idx, pinned=None):
 def test_defaults_are_the_papers_recommendation():
     def setting(**kw):
         return sla.GPTConfig(**kw).skip_setting()
-    assert setting(n_layer=12, n_head=12, n_kv_head=4, n_embd=768) == (9, 9)  # 3/4 of layers and heads (seed 001, 5.1-5.2)
+    assert setting(n_layer=12, n_head=12, n_kv_head=4, n_embd=768) == (9, 9)  # 3/4 of layers and heads (the SLA paper, 5.1-5.2)
     assert setting(n_layer=8, n_head=6, n_kv_head=3, n_embd=384) == (6, 4)  # round(4.5) = 4 (halves to even)
     assert setting(n_layer=6, n_head=3, n_kv_head=1, n_embd=192) == (4, 2)
     assert setting(n_layer=12, n_head=12, n_kv_head=4, n_embd=768, skip_layers=9, skip_heads=6) == (9, 6)  # explicit kept

@@ -1,4 +1,4 @@
-"""Vertical Attention (model_vertical.py, seed 000): the tests issue 3 asks for, besides the contract suite."""
+"""Vertical Attention (model_vertical.py, the Vertical Attention paper): the paper's own properties, besides the contract suite."""
 import math
 import os
 
