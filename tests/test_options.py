@@ -39,7 +39,7 @@ def cases():
         for f in fields:
             if name == "vanilla" or f.name not in shared:  # the shared fields once, through vanilla
                 out.append(("train.py", f.name, f.type, [f"--model={name}", "--data_dir={data}", "--out_dir=run",
-                                                         *TINY]))
+                                                         *TINY, "--n_layer=2"]))  # attnres: 4 blocks need 2
     for f in dataclasses.fields(sample.SampleConfig):
         out.append(("sample.py", f.name, f.type, ["--out_dir={run}", "--num_samples=1", "--max_new_tokens=2",
                                                   "--device=cpu"]))
