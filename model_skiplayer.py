@@ -30,7 +30,8 @@ Interpretations:
   ALA(-) with K = 2 at every size: --ala_every 2).
 - Layers hand their post-RoPE (k, v) down through a list built in GPT.forward; with the key/value cache these
   are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
-  is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads.
+  is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads. decode_step reads
+  the whole static caches of both layers under one mask: positions are the same in every layer.
 - depth_map(): the fixed L x L connectivity, entry [l, j] = fraction of layer l's query heads reading layer j.
 - Step 0 from a pretrained model (train.py --init_from): not function-preserving. The skip heads of the layers
   l > n_l attend to layer l - n_l's keys and values, which the pretrained weights never did; skip_heads = 0 is
@@ -170,31 +171,57 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of every layer for the tokens seen so far, for generation."""
+    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
+    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
+    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing)."""
 
     def __init__(self, config, batch_size, device, dtype):
         head_dim = config.head_dim or config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.pos = 0  # number of tokens already in the cache
+        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate() after a step)
 
-    def update(self, layer, k, v):
-        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
-        T = k.size(2)
-        self.k[layer, :, :, self.pos:self.pos + T] = k
-        self.v[layer, :, :, self.pos:self.pos + T] = v
-        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+    def update(self, layer, k, v, pos=None):
+        """Store k, v (B, H_kv, T, hd) of the new tokens and return the keys/values attention reads: with pos None
+        (forward) at self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd); with pos a (1,)
+        tensor (decode_step, T = 1) at pos, returning the whole cache (B, H_kv, block_size, hd), the same shape
+        whatever pos is (attention_mask hides the positions after pos)."""
+        ck, cv = self.k[layer], self.v[layer]
+        if pos is not None:  # under autocast k, v are bf16 and the cache has the weights' dtype
+            ck.index_copy_(2, pos, k.to(ck.dtype))
+            cv.index_copy_(2, pos, v.to(cv.dtype))
+            return ck, cv
+        ck[:, :, self.pos:self.pos + k.size(2)] = k
+        cv[:, :, self.pos:self.pos + k.size(2)] = v
+        return ck[:, :, :self.pos + k.size(2)], cv[:, :, :self.pos + k.size(2)]
 
 
 def attention_mask(T, Tk, past, device):
-    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before. past a (1,)
+    tensor: decode_step's one query at position past against the whole cache (Tk = block_size)."""
+    if torch.is_tensor(past):
+        return False, (torch.arange(Tk, device=device) <= past).view(1, Tk)  # the filled positions: static shape
     if past == 0:
         return True, None  # plain causal attention: the flash kernel applies
     if T == 1:
         return False, None  # a single new token sees every key
     # a chunk after a non-empty cache: query i sees keys up to past + i
     return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
+def decode_attention(q, k, v, mask):
+    """decode_step's attention: one query per row against the whole cache. q (B, H, 1, hd), k and v (B, H_kv, S, hd),
+    mask broadcastable to (B, 1, 1, S) (True, or a float bias, at the keys a query may see) -> (B, H, 1, hd).
+    Backend: the H / H_kv query heads that share a KV head become its rows (one position, so one mask), so SDPA
+    needs no GQA: its fused CUDA kernels take enable_gqa only without a mask and would fall back to the math
+    kernel. With a mask flash is out; CUDA takes memory-efficient attention (or cuDNN where it accepts the mask)
+    and CPU its flash kernel, which takes masks. S is the whole cache at every position, so a kernel that builds
+    an execution plan per sequence length (cuDNN on Hopper) builds one, not one per token."""
+    B, H, _, hd = q.shape
+    y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
+        q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
+    return y.view(B, H, 1, hd)
 
 
 class CausalSelfAttention(nn.Module):
@@ -221,8 +248,9 @@ class CausalSelfAttention(nn.Module):
             self.kv_plan = tuple((sources[h], h // g) for h in range(self.n_head))
         self.reads_other_layers = any(src != layer_idx for src in sources)
 
-    def forward(self, x, cos, sin, cache=None, layer_kv=None):
-        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own."""
+    def forward(self, x, cos, sin, cache=None, layer_kv=None, pos=None):
+        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own.
+        pos: decode_step's position tensor (one token, static shapes); None: the tokens follow cache.pos."""
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
@@ -230,17 +258,20 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         past = 0
         if cache is not None:
-            past = cache.pos
-            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, past + T, hd)
+            past = cache.pos if pos is None else pos
+            k, v = cache.update(self.layer_idx, k, v, pos)  # (B, H_kv, past + T, hd); a step: (B, H_kv, S, hd)
         if layer_kv is not None:
-            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's slices)
+            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's, same positions)
         if self.reads_other_layers:  # assemble whole heads from their layers: one SDPA call below still
             k = torch.cat([layer_kv[src][0][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
             v = torch.cat([layer_kv[src][1][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
         is_causal, mask = attention_mask(T, k.size(2), past, x.device)
-        y = F.scaled_dot_product_attention(                                        # (B, H, T, hd)
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
+        if pos is not None:
+            y = decode_attention(q, k, v, mask)                                    # (B, H, 1, hd)
+        else:
+            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
+                q, k, v, attn_mask=mask, is_causal=is_causal,
+                dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
         y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
         return self.wo(y)
 
@@ -265,8 +296,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, cos, sin, cache=None, layer_kv=None):
-        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, layer_kv))
+    def forward(self, x, cos, sin, cache=None, layer_kv=None, pos=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, layer_kv, pos))
         x = x + self.drop(self.mlp(self.mlp_norm(x)))
         return x
 
@@ -297,17 +328,21 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+    def forward(self, idx, targets=None, cache=None, return_hidden=False, pos=None):
+        """pos: decode_step's (1,) position tensor, for one token idx (B, 1); None: idx follows cache.pos."""
         B, T = idx.shape
-        past = cache.pos if cache is not None else 0
-        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
-        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        if pos is None:
+            past = cache.pos if cache is not None else 0
+            assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        else:
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2), gathered by a tensor: no .item()
         x = self.drop(self.tok_emb(idx))  # (B, T, d)
         hidden, layer_kv = [], []  # layer_kv[l]: (k, v) of layer l, read by later layers' skip heads
         for block in self.blocks:
-            x = block(x, cos, sin, cache, layer_kv)
+            x = block(x, cos, sin, cache, layer_kv, pos)
             hidden.append(x)
-        if cache is not None:
+        if cache is not None and pos is None:
             cache.pos += T
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
@@ -340,21 +375,41 @@ class GPT(nn.Module):
         return 3 * 2 * (linear + attention)
 
     @torch.no_grad()
+    def decode_step(self, idx, pos, cache):
+        """Logits (B, vocab) of one new token per row, idx (B, 1), at position pos (a long tensor, 0-dim or (1,)),
+        whose keys and values it writes into cache (a KVCache) at pos. cache.pos is the caller's to advance.
+        Static shapes, so that torch.compile traces one graph for every position: pos is a tensor (no .item(), no
+        Python branch on it), the keys and values are the whole preallocated cache, and a mask hides the positions
+        after pos. generate() calls self.decode_step, so a script compiles it with
+            model.decode_step = torch.compile(model.decode_step, fullgraph=True)"""
+        logits, _ = self(idx, cache=cache, pos=pos.reshape(1))
+        return logits[:, -1]
+
+    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
-        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding."""
-        cache, n_seen = None, 0
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding.
+        The model reads the window idx[:, start:]: the last block_size tokens, and whenever the window is full, it
+        restarts from the last block_size // 2 tokens (so the cache is refilled once per block_size // 2 tokens,
+        not every token). The rule is the same without the cache, so greedy tokens are the same either way. With
+        the cache, forward() prefills the window and every further token is one decode_step(); use_cache=False
+        recomputes the whole window for every token."""
+        S = self.config.block_size
+        start, cache = max(0, idx.size(1) - S), None
         for _ in range(max_new_tokens):
+            if idx.size(1) - start > S:  # the window is full: restart it from the last half context
+                start, cache = idx.size(1) - S // 2, None
             if not use_cache:
-                logits, _ = self(idx[:, -self.config.block_size:])
+                logits = self(idx[:, start:])[0][:, -1]
+            elif cache is None:  # prefill the window
+                cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                logits = self(idx[:, start:], cache=cache)[0][:, -1]
+                pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
             else:
-                if cache is None or cache.pos >= self.config.block_size:
-                    # (re)fill the cache; past the context length, restart it from the last half context
-                    keep = self.config.block_size if cache is None else self.config.block_size // 2
-                    cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
-                    n_seen = max(0, idx.size(1) - keep)
-                logits, _ = self(idx[:, n_seen:], cache=cache)
-                n_seen = idx.size(1)
-            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+                logits = self.decode_step(nxt, pos, cache)
+                cache.pos += 1
+                pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
+            nxt = sample_next(logits, temperature, top_k, top_p)  # (B, 1), contiguous: the step's input
+            idx = torch.cat((idx, nxt), dim=1)
         return idx
 
 

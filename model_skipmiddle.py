@@ -34,6 +34,7 @@ Interpretations:
 - Skipping (forward_skip, generate(skip=True)): a skipped key gets weight 0, not the eps floor's exp(s) * 1e-6.
 - Step 0 from a pretrained model (train.py --init_from): not function-preserving: the embedding norm, the norms
   after each module and the random gates are new (tests/test_hf.py).
+- decode_step: the gate bias rides in the mask it needs anyway; skipping, a block no row runs is a torch.cond.
 Extra parameters: (d+1) * ceil(L/2) gate parameters with gated=True (0 with gated=False), 2 d per block for the
 output norms, d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
 """
@@ -151,32 +152,64 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys, values and gates of every layer for the tokens seen so far, for generation."""
+    """Keys, values and gates of every layer for block_size positions, allocated once, one tensor per layer (see
+    model_vanilla.py: a decode step sees the same shapes at every position and writes in place). Each cached key
+    keeps its gate, so that a skipped token stays masked during generation."""
 
     def __init__(self, config, batch_size, device, dtype):
         head_dim = config.head_dim or config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         gate_dtype = torch.promote_types(dtype, torch.float32)  # gates never below float32
-        self.g = torch.ones(config.n_layer, batch_size, config.block_size, device=device, dtype=gate_dtype)
-        self.pos = 0  # number of tokens already in the cache
+        self.g = [torch.zeros(batch_size, config.block_size, device=device, dtype=gate_dtype)
+                  for _ in range(config.n_layer)]
+        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate() after a step)
 
-    def update(self, layer, k, v):
-        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values of all tokens so far."""
-        T = k.size(2)
-        self.k[layer, :, :, self.pos:self.pos + T] = k
-        self.v[layer, :, :, self.pos:self.pos + T] = v
-        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+    def update(self, layer, k, v, pos=None):
+        """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values attention reads. pos None: at
+        self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd). pos a tensor of positions, (1,)
+        (decode_step) or (B, T) (forward_skip's gathered tokens): there, returning the whole cache (B, H_kv, S, hd)."""
+        ck, cv = self.k[layer], self.v[layer]
+        k, v = k.to(ck.dtype), v.to(cv.dtype)  # under autocast k, v are bf16 and the cache has the weights' dtype
+        if pos is None:
+            ck[:, :, self.pos:self.pos + k.size(2)] = k
+            cv[:, :, self.pos:self.pos + k.size(2)] = v
+            return ck[:, :, :self.pos + k.size(2)], cv[:, :, :self.pos + k.size(2)]
+        if pos.dim() == 1:  # decode_step: one position for every row (index_copy_ compiles to an in-place write)
+            return ck.index_copy_(2, pos, k), cv.index_copy_(2, pos, v)
+        index = pos[:, None, :, None].expand_as(k)  # forward_skip: each row's own positions
+        return ck.scatter_(2, index, k), cv.scatter_(2, index, v)
 
-    def update_gates(self, layer, g):
-        """Store the gates g (B, T) of the new tokens; return the gates of all tokens so far (B, pos + T)."""
-        self.g[layer, :, self.pos:self.pos + g.size(1)] = g
-        return self.g[layer, :, :self.pos + g.size(1)]
+    def update_gates(self, layer, g, pos=None):
+        """Store the gates g (B, T) of the new tokens where update() stored their keys; return the gates of the
+        keys it returned, (B, self.pos + T) or (B, S)."""
+        cg, g = self.g[layer], g.to(self.g[layer].dtype)
+        if pos is None:
+            cg[:, self.pos:self.pos + g.size(1)] = g
+            return cg[:, :self.pos + g.size(1)]
+        return cg.index_copy_(1, pos, g) if pos.dim() == 1 else cg.scatter_(1, pos, g)
+
+    def key_mask(self, pos, g, dtype):
+        """SDPA's mask over the whole cache for queries at positions pos, (1,) or (B, T), given the layer's cached
+        gates g (B, S): a float (B, 1, T, S) that adds ln(max(g_j, eps)) of each key's gate (eq. 3), and -inf to the
+        keys after the query and, in a SkipCache, to the keys whose gate is 0. g None (no gates): a boolean
+        (1, 1, 1, S) of the filled positions."""
+        S = self.k[0].size(2)
+        visible = torch.arange(S, device=pos.device) <= pos.view(pos.size(0), -1, 1)  # (1 or B, T, S)
+        if g is None:
+            return visible.unsqueeze(1)
+        if isinstance(self, SkipCache):  # a gate of 0: the token did not run this layer and left no key
+            visible = visible & (g > 0)[:, None, :]                               # (B, T, S)
+        bias = torch.log(g.clamp(min=GATE_EPS))[:, None, :]                       # (B, 1, S)
+        return torch.where(visible, bias, float("-inf")).unsqueeze(1).to(dtype)  # (B, 1, T, S)
 
 
 def attention_mask(T, Tk, past, device):
-    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before."""
+    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before. past a (1,)
+    tensor: decode_step's one query at position past against the whole cache (Tk = block_size)."""
+    if torch.is_tensor(past):
+        return False, (torch.arange(Tk, device=device) <= past).view(1, Tk)  # the filled positions: static shape
     if past == 0:
         return True, None  # plain causal attention: the flash kernel applies
     if T == 1:
@@ -204,6 +237,20 @@ def gate_into_keys(q, k, v, g):
     return q, k, F.pad(v, (0, pad))
 
 
+def decode_attention(q, k, v, mask):
+    """decode_step's attention: one query per row against the whole cache. q (B, H, 1, hd), k and v (B, H_kv, S, hd),
+    mask broadcastable to (B, 1, 1, S) (True, or a float bias, at the keys a query may see) -> (B, H, 1, hd).
+    Backend: the H / H_kv query heads that share a KV head become its rows (one position, so one mask), so SDPA
+    needs no GQA: its fused CUDA kernels take enable_gqa only without a mask and would fall back to the math
+    kernel. With a mask flash is out; CUDA takes memory-efficient attention (or cuDNN where it accepts the mask)
+    and CPU its flash kernel, which takes masks. S is the whole cache at every position, so a kernel that builds
+    an execution plan per sequence length (cuDNN on Hopper) builds one, not one per token."""
+    B, H, _, hd = q.shape
+    y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
+        q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
+    return y.view(B, H, 1, hd)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -220,13 +267,26 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
 
-    def forward(self, x, cos, sin, cache=None, g=None):
-        """g (B, T): the gates of the new tokens (keys), None for plain causal attention."""
+    def forward(self, x, cos, sin, cache=None, g=None, pos=None):
+        """g (B, T): the gates of the new tokens (keys), None for plain causal attention. pos: the new tokens'
+        positions as a tensor, (1,) in decode_step or (B, T) for forward_skip's gathered tokens, which then attend
+        over the whole cache with the gates in the mask; None: the tokens follow cache.pos."""
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
         q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        if pos is not None:  # a mask is needed anyway, so the gate bias rides in it: no padded head size here
+            k, v = cache.update(self.layer_idx, k, v, pos)                         # (B, H_kv, S, hd)
+            if g is not None:
+                g = cache.update_gates(self.layer_idx, g, pos)                     # (B, S)
+            mask = cache.key_mask(pos, g, q.dtype)                                 # (B or 1, 1, T, S)
+            if T == 1:
+                y = decode_attention(q, k, v, mask)                                # (B, H, 1, hd)
+            else:
+                y = F.scaled_dot_product_attention(                                # (B, H, T, hd)
+                    q, k, v, attn_mask=mask, enable_gqa=self.n_kv_head != self.n_head)
+            return self.wo(y.transpose(1, 2).contiguous().view(B, T, -1))
         past = 0
         if cache is not None:
             past = cache.pos
@@ -235,10 +295,7 @@ class CausalSelfAttention(nn.Module):
                 g = cache.update_gates(self.layer_idx, g)  # (B, past + T): cached keys keep their gates
         if g is not None:
             q, k, v = gate_into_keys(q, k, v, g)  # (B, H, T, hp), (B, H_kv, past + T, hp): hp = hd padded
-        if isinstance(cache, SkipCache):
-            is_causal, mask = cache.attention_mask(T, k.size(2))  # only the keys of tokens that ran this layer
-        else:
-            is_causal, mask = attention_mask(T, k.size(2), past, x.device)
+        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
         y = F.scaled_dot_product_attention(                                        # (B, H, T, hp)
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.head_dim ** -0.5,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
@@ -271,9 +328,9 @@ class Block(nn.Module):
         self.mlp_out_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, cos, sin, cache=None, g=None):
+    def forward(self, x, cos, sin, cache=None, g=None, pos=None):
         # g (B, T): this block's gate per token, None in the dense model; g == 0 leaves the token's stream as it is
-        x = x + self.drop(gated_norm(self.attn_out_norm, self.attn(self.attn_norm(x), cos, sin, cache, g), g))
+        x = x + self.drop(gated_norm(self.attn_out_norm, self.attn(self.attn_norm(x), cos, sin, cache, g, pos), g))
         x = x + self.drop(gated_norm(self.mlp_out_norm, self.mlp(self.mlp_norm(x)), g))
         return x
 
@@ -345,20 +402,24 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None, return_hidden=False):
+    def forward(self, idx, targets=None, cache=None, return_hidden=False, pos=None):
+        """pos: decode_step's (1,) position tensor, for one token idx (B, 1); None: idx follows cache.pos."""
         B, T = idx.shape
-        past = cache.pos if cache is not None else 0
-        assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
-        cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        if pos is None:
+            past = cache.pos if cache is not None else 0
+            assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
+            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
+        else:
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2), gathered by a tensor: no .item()
         x = self.drop(self.emb_norm(self.tok_emb(idx)))  # (B, T, d)
         hidden, gates, S = [], [], 0.0
         for l, block in enumerate(self.blocks):
             if l < len(self.gates):  # first half: accumulate the soft mask S (eq. 1), gate g = 1 - clamp(S) (eq. 2)
                 S = S + F.relu(self.gates[l](x).float().squeeze(-1))  # (B, T)
                 gates.append(1.0 - S.clamp(0.0, 1.0))
-            x = block(x, cos, sin, cache, gates[self.mirror[l]] if gates else None)
+            x = block(x, cos, sin, cache, gates[self.mirror[l]] if gates else None, pos)
             hidden.append(x)
-        if cache is not None:
+        if cache is not None and pos is None:
             cache.pos += T
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
@@ -485,13 +546,27 @@ class GPT(nn.Module):
         hp = hd + 8 - hd % 8 if self.config.gated else hd
         return 3 * self.estimated_flops(torch.zeros(self.config.n_layer), seq_len, head_size=hp)[0]
 
+    @torch.no_grad()
+    def decode_step(self, idx, pos, cache):
+        """Logits (B, vocab) of one new token per row, idx (B, 1), at position pos (a long tensor, 0-dim or (1,)),
+        whose keys and values it writes into cache (a KVCache) at pos. cache.pos is the caller's to advance.
+        Static shapes, so that torch.compile traces one graph for every position: pos is a tensor (no .item(), no
+        Python branch on it), the keys and values are the whole preallocated cache, and a mask hides the positions
+        after pos. generate() calls self.decode_step, so a script compiles it with
+            model.decode_step = torch.compile(model.decode_step, fullgraph=True)
+        With a SkipCache (generate(skip=True)) the step skips for real: see decode_step_skip()."""
+        if isinstance(cache, SkipCache):
+            return self.decode_step_skip(idx, pos.reshape(1), cache)
+        logits, _ = self(idx, cache=cache, pos=pos.reshape(1))
+        return logits[:, -1]
+
     # --- inference that really skips ---
 
     @torch.no_grad()
     def forward_skip(self, idx, targets=None, cache=None):
         """Inference that really skips: at every block only the tokens whose gate is > 0 run it (gathered per row,
         padded to the row with the most, scattered back); a token with g == 0 keeps its stream, as the multiply
-        by 0 of forward() gives, and leaves no key or value (see SkipCache). A block no token runs is not
+        by 0 of forward() gives, and leaves no visible key (see SkipCache). A block no token runs is not
         computed at all. Returns (logits, loss) like forward(); a fresh cache is used if none is given."""
         B, T = idx.shape
         cache = cache if cache is not None else SkipCache(self.config, B, idx.device, self.lm_head.weight.dtype)
@@ -513,19 +588,17 @@ class GPT(nn.Module):
             if N == 0:  # no row runs this block
                 closed_until = self.config.n_layer - 1 - l
                 continue
-            if bool(run.all()):  # every token runs the block: nothing to gather
-                cache.select(l, positions.expand(B, T), run)
-                x = block(x, self.rope_cos[past:past + T], self.rope_sin[past:past + T], cache, g)
+            if past == 0 and bool(run.all()):  # every token runs and no key is older: plain causal attention
+                x = block(x, self.rope_cos[:T], self.rope_sin[:T], cache, g)
                 continue
             # per row, the tokens that run the block first, in order; rows with fewer are padded with skipped ones
             order = torch.argsort((~run).to(torch.uint8), dim=1, stable=True)[:, :N]  # (B, N)
             valid = torch.arange(N, device=idx.device) < count[:, None]             # (B, N)
             pos = positions[order]                                                   # (B, N)
-            cache.select(l, pos, valid)
             index = order[..., None].expand(-1, -1, x.size(-1))                      # (B, N, d)
             xs = x.gather(1, index)                                                  # (B, N, d)
             cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]      # (B, 1, N, hd/2)
-            out = block(xs, cos, sin, cache, g.gather(1, order))                     # (B, N, d)
+            out = block(xs, cos, sin, cache, g.gather(1, order), pos)                # (B, N, d)
             x = x.scatter(1, index, torch.where(valid[..., None], out, xs))          # padding writes back xs
         cache.pos += T
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
@@ -535,77 +608,66 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
+    def decode_step_skip(self, idx, pos, cache):
+        """decode_step() with a SkipCache: a block runs only if some row's gate is > 0 (the others keep their
+        stream and leave a gate of 0, which hides their key); a block no row runs is not computed. Under
+        torch.compile that branch is a torch.cond, so the step stays one graph with static shapes and no .item();
+        in eager mode it is a Python if on the gate (torch.cond outside torch.compile traces its branches again
+        at every call, slower than the block it would save)."""
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2)
+        x = self.emb_norm(self.tok_emb(idx))  # (B, 1, d)
+        gates, S = [], 0.0
+        for l, block in enumerate(self.blocks):
+            if l < len(self.gates):
+                S = S + F.relu(self.gates[l](x).float().squeeze(-1))  # (B, 1)
+                gates.append(1.0 - S.clamp(0.0, 1.0))
+            g = gates[self.mirror[l]]
+            run = g > 0                                                          # (B, 1)
+
+            def run_block(x):  # rows that skip keep their stream: where, since their output may be NaN (no key)
+                return torch.where(run[..., None], block(x, cos, sin, cache, g, pos), x)
+            if torch.compiler.is_compiling():
+                x = torch.cond(run.any(), run_block, torch.clone, (x,))  # outputs must not alias the input
+            elif run.any():
+                x = run_block(x)
+        return self.lm_head(self.norm(x))[:, -1]  # (B, vocab)
+
+    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, skip=True):
-        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding. skip: tokens whose gate
-        is 0 skip their blocks for real (forward_skip, SkipCache); False computes every block as forward() does."""
+        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding.
+        The model reads the window idx[:, start:]: the last block_size tokens, and whenever the window is full, it
+        restarts from the last block_size // 2 tokens (so the cache is refilled once per block_size // 2 tokens,
+        not every token). The rule is the same without the cache, so greedy tokens are the same either way. With
+        the cache, forward() prefills the window and every further token is one decode_step(); use_cache=False
+        recomputes the whole window for every token. skip: tokens whose gate is 0 skip their blocks for real
+        (forward_skip, then decode_step with a SkipCache); False computes every block as forward() does."""
         skip = skip and self.config.gated
         forward, Cache = (self.forward_skip, SkipCache) if skip else (self, KVCache)
-        cache, n_seen = None, 0
+        S = self.config.block_size
+        start, cache = max(0, idx.size(1) - S), None
         for _ in range(max_new_tokens):
+            if idx.size(1) - start > S:  # the window is full: restart it from the last half context
+                start, cache = idx.size(1) - S // 2, None
             if not use_cache:
-                logits, _ = forward(idx[:, -self.config.block_size:])
+                logits = forward(idx[:, start:])[0][:, -1]
+            elif cache is None:  # prefill the window
+                cache = Cache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                logits = forward(idx[:, start:], cache=cache)[0][:, -1]
+                pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
             else:
-                if cache is None or cache.pos >= self.config.block_size:
-                    # (re)fill the cache; past the context length, restart it from the last half context
-                    keep = self.config.block_size if cache is None else self.config.block_size // 2
-                    cache = Cache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
-                    n_seen = max(0, idx.size(1) - keep)
-                logits, _ = forward(idx[:, n_seen:], cache=cache)
-                n_seen = idx.size(1)
-            idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, top_p)), dim=1)
+                logits = self.decode_step(nxt, pos, cache)
+                cache.pos += 1
+                pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
+            nxt = sample_next(logits, temperature, top_k, top_p)  # (B, 1), contiguous: the step's input
+            idx = torch.cat((idx, nxt), dim=1)
         return idx
 
 
-class SkipCache:
-    """The cache of forward_skip() (inference that really skips, continued): per layer and row, the keys, values
-    and gates of only the tokens that ran that layer (g > 0), packed in order, with their positions; a skipped
-    token takes no slot, so no later query can attend to it. forward_skip() calls select() before each block."""
-
-    def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.head_dim or config.n_embd // config.n_head
-        n = config.block_size + 1  # slot block_size is scratch: the padding of rows with fewer tokens goes there
-        self.k = torch.zeros(config.n_layer, batch_size, config.n_kv_head, n, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-        self.g = torch.ones(config.n_layer, batch_size, n, device=device,
-                            dtype=torch.promote_types(dtype, torch.float32))
-        self.key_pos = torch.zeros(config.n_layer, batch_size, n, dtype=torch.long, device=device)
-        self.n = torch.zeros(config.n_layer, batch_size, dtype=torch.long, device=device)  # slots in use
-        self.pos = 0  # number of tokens already seen (run or skipped)
-
-    def select(self, layer, query_pos, valid):
-        """The tokens about to run `layer`: positions query_pos (B, N), valid (B, N) False for row padding."""
-        n = self.n[layer]
-        self.layer, self.query_pos, self.past_n = layer, query_pos, n.clone()
-        slots = n[:, None] + torch.arange(query_pos.size(1), device=n.device)  # (B, N)
-        self.slots = torch.where(valid, slots, self.k.size(3) - 1)
-        self.n[layer] = n + valid.sum(1)
-        self.key_pos[layer].scatter_(1, self.slots, query_pos)
-
-    def update(self, layer, k, v):
-        """Store k, v (B, H_kv, N, hd) of the selected tokens; return the keys/values of the layer's slots."""
-        index = self.slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, index, k.to(self.k.dtype))  # under autocast k, v are bf16, the cache the weights'
-        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
-        Tk = int(self.n[layer].max())
-        return self.k[layer, :, :, :Tk], self.v[layer, :, :, :Tk]
-
-    def update_gates(self, layer, g):
-        """Store the gates g (B, N) of the selected tokens; return those of the layer's slots (B, Tk)."""
-        self.g[layer].scatter_(1, self.slots, g.to(self.g.dtype))
-        return self.g[layer, :, :int(self.n[layer].max())]
-
-    def attention_mask(self, T, Tk):
-        """(is_causal, mask) for the selected tokens against the layer's Tk slots: a slot is visible if it is
-        in use in that row and its token does not come after the query."""
-        n, past_n = self.n[self.layer], self.past_n
-        if bool((n == Tk).all()):  # no row padding among the keys
-            if T == 1:
-                return False, None  # a single new token sees every stored key
-            if bool((past_n == 0).all()):
-                return True, None  # the keys are exactly the queries, in order: plain causal attention
-        used = torch.arange(Tk, device=n.device) < n[:, None]                              # (B, Tk)
-        earlier = self.key_pos[self.layer, :, None, :Tk] <= self.query_pos[:, :, None]    # (B, T, Tk)
-        return False, (used[:, None, :] & earlier)[:, None]                              # (B, 1, T, Tk)
+class SkipCache(KVCache):
+    """The cache of forward_skip() and of decode_step() with skipping (inference that really skips, continued):
+    KVCache's buffers, in which a gate of 0 means that the token did not run that layer and left no key there.
+    The mask hides such a key (weight exactly 0, where forward() gives it the eps floor's weight). Gates start
+    at 0, so a layer that no token ran at a position hides that position without a write."""
 
 
 def sample_next(logits, temperature, top_k, top_p):

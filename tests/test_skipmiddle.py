@@ -129,9 +129,9 @@ def direct_mask(g, T, past):
     return torch.where(causal, torch.log(g.clamp(min=sm.GATE_EPS))[:, None, None, :], float("-inf"))
 
 
-def direct_attention(attn, x, cos, sin, cache=None, g=None):
+def direct_attention(attn, x, cos, sin, cache=None, g=None, pos=None):
     """CausalSelfAttention.forward written directly: expanded K, V and the explicit mask, no cache."""
-    assert cache is None
+    assert cache is None and pos is None
     B, T, _ = x.shape
     if g is None:
         g = torch.ones(B, T, dtype=x.dtype)
@@ -280,8 +280,11 @@ def test_a_skipped_token_is_invisible_to_later_tokens_in_the_model_and_with_the_
     cache = sm.KVCache(model.config, 2, "cpu", torch.float32)
     steps = torch.cat([model(idx[:, t:t + 1], cache=cache)[0] for t in range(24)], dim=1)
     torch.testing.assert_close(steps, logits, rtol=1e-4, atol=1e-5)
-    assert (cache.g[:, :, 5] == 0).all() and (cache.g[:, :, :24].sum() == 4 * 2 * 23)
-    cache.pos, cache.g[:] = 23, 1.0  # a cache that forgot the gates would let token 5 be seen
+    g = torch.stack(cache.g)  # (L, B, block_size): every layer's cached gates
+    assert (g[:, :, 5] == 0).all() and (g[:, :, :24].sum() == 4 * 2 * 23)
+    cache.pos = 23
+    for layer_gates in cache.g:  # a cache that forgot the gates would let token 5 be seen
+        layer_gates.fill_(1.0)
     assert (model(idx[:, 23:], cache=cache)[0][:, 0] - logits[:, 23]).abs().max() > 1e-3
 
 
@@ -590,37 +593,40 @@ def test_a_mix_of_open_and_closed_tokens_per_row(monkeypatch):
     assert (gates[0][idx >= 10] == 1).all() and (gates[0][idx == 7] - 0.3).abs().max() < 1e-5
     assert (gates[1][idx == 7] == 0).all() and (gates[1][idx >= 10] == 0.5).all()
     torch.testing.assert_close(model.forward_skip(idx)[0], logits, rtol=0, atol=eps_tolerance(model, 30))
-    # the cache: per layer only the tokens that ran it, with their positions and gates, in order
+    # the cache: per layer every token's gate at its position, 0 (its key hidden) where it did not run the layer
     cache = sm.SkipCache(model.config, 3, "cpu", torch.float32)
     steps = [model.forward_skip(idx[:, :12], cache=cache)[0]]
     steps += [model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 30)]
     torch.testing.assert_close(torch.cat(steps, dim=1), logits, rtol=0, atol=eps_tolerance(model, 30))
     for l in range(4):
         g = gates[model.mirror[l]]
-        for b in range(3):
-            ran = (g[b] > 0).nonzero()[:, 0]
-            assert cache.n[l, b] == len(ran) and torch.equal(cache.key_pos[l, b, :len(ran)], ran)
-            assert torch.equal(cache.g[l, b, :len(ran)], g[b, ran])
-    assert cache.n[1].tolist() == [26, 29, 30] and cache.n[0].tolist() == [30] * 3
+        assert torch.equal(cache.g[l][:, :30] > 0, g > 0)
+        torch.testing.assert_close(cache.g[l][:, :30], g)
+    assert (cache.g[1] > 0).sum(1).tolist() == [26, 29, 30] and (cache.g[0] > 0).sum(1).tolist() == [30] * 3
     # the eps floor is what separates the two: with a floor of 1e-2 the difference exceeds the tolerance
     tolerance = eps_tolerance(model, 30)
     monkeypatch.setattr(sm, "GATE_EPS", 1e-2)
     assert (model.forward_skip(idx)[0] - model(idx)[0]).abs().max() > tolerance
 
 
-def test_skipped_tokens_entries_are_never_read():
+def test_skipped_tokens_entries_get_no_weight():
+    """Steps attend over the whole static cache: the entries of a token that skipped a layer (gate 0) and the
+    positions not filled yet are read but get weight exactly 0, so garbage there changes nothing."""
     model = build(gate_init_std=0.0).eval()
     skip_tokens(model, [7])
     idx = torch.randint(10, TINY["vocab_size"], (1, 20))
     idx[0, [4, 11]] = 7
     cache = sm.SkipCache(model.config, 1, "cpu", torch.float32)
     first = model.forward_skip(idx[:, :15], cache=cache)[0]
-    assert cache.n[:, 0].tolist() == [13] * 4  # tokens 4 and 11 took no slot in any layer
-    cache.k[:, :, :, 13:], cache.v[:, :, :, 13:], cache.g[:, :, 13:] = float("nan"), float("nan"), float("nan")
-    rest = torch.cat([model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(15, 20)], dim=1)
+    assert all((g[0] > 0).sum() == 13 for g in cache.g)  # tokens 4 and 11 left no visible key in any layer
+    for k, v in zip(cache.k, cache.v):
+        for t in ([4, 11], slice(15, None)):
+            k[:, :, t], v[:, :, t] = 1e4, -1e4
+    rest = [model.forward_skip(idx[:, 15:16], cache=cache)[0][:, 0]]  # a chunk of one, then decode steps
+    rest += [model.decode_step(idx[:, t:t + 1], torch.tensor(t), cache) for t in range(16, 20)]
     full = model.forward_skip(idx)[0]
-    assert torch.isfinite(rest).all()
-    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(torch.stack(rest)).all()
+    torch.testing.assert_close(torch.cat([first, torch.stack(rest, dim=1)], dim=1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_generate_with_skip_false_is_the_dense_forward():

@@ -1,0 +1,154 @@
+"""decode_step: generation prefills with forward() and then takes one-token steps with static shapes (the whole
+preallocated cache, a mask of the filled positions, the position as a tensor). Greedy tokens equal full
+recomputation (use_cache=False) in float32 and float64, eager and under torch.compile (inductor), also past
+block_size where the window restarts; compiled, the step is one graph that does not recompile from token to token."""
+import importlib
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from conftest import model_cases, model_names
+
+# block_size 16: 40 new tokens after a prompt of 5 restart the window four times (at 17, 26, 35 and 44 tokens)
+# from its last 8 tokens
+TINY = dict(vocab_size=257, block_size=16, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+CASES = model_cases()
+IDS = [f"{name}-{variant}" for name, variant, _ in CASES]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run many small ops: one thread is much faster than two contending for shared cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def build(name, overrides, dtype=torch.float32, **extra):
+    module = importlib.import_module(f"model_{name}")
+    torch.manual_seed(0)
+    return module.GPT(module.GPTConfig(**{**TINY, **overrides, **extra})).to(dtype).eval()
+
+
+def prompt(batch=2, length=5):
+    return torch.randint(0, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def skip_modes(model):
+    """generate()'s keyword sets: skipmiddle with and without skipping for real, the others none."""
+    return [dict(skip=False), dict(skip=True)] if getattr(model.config, "gated", False) else [{}]
+
+
+def spy_positions(model):
+    """Record the position of every decode_step call (wrapping whatever decode_step is, compiled or not)."""
+    seen, step = [], model.decode_step
+
+    def spy(idx, pos, cache):
+        seen.append(int(pos))
+        return step(idx, pos, cache)
+    model.decode_step = spy
+    return seen
+
+
+def check_positions(seen, steps, restarts):
+    """Each step one position after the last, except after a restart of the window: the cache was full (the
+    last step wrote block_size - 1) and the next step follows a prefill of block_size // 2 tokens."""
+    S = TINY["block_size"]
+    pairs = list(zip(seen, seen[1:]))
+    assert len(seen) == steps and all(b == a + 1 or (a, b) == (S - 1, S // 2) for a, b in pairs), seen
+    assert pairs.count((S - 1, S // 2)) == restarts, seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
+def test_static_steps_equal_recomputation_through_the_rollover(name, variant, overrides, dtype):
+    model = build(name, overrides, dtype)
+    seen = spy_positions(model)
+    for kw in skip_modes(model):
+        seen.clear()
+        steps = model.generate(prompt(), 40, temperature=0, **kw)
+        assert steps.shape == (2, 45)
+        assert torch.equal(steps, model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
+        check_positions(seen, steps=35, restarts=3)  # and 5 prefills: the prompt, 4 restarts (the last at the end)
+
+
+def gates_that_skip(model):
+    """skipmiddle with gates N(0, 0.3): some tokens skip some blocks, some blocks no row runs (checked below)."""
+    with torch.no_grad():
+        for gate in model.gates:
+            gate.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(2))
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_skipmiddle_steps_skip_for_real_and_equal_recomputation(dtype):
+    model = gates_that_skip(build("skipmiddle", {}, dtype))
+    calls = [0]
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, calls[0] + 1))
+    step, block_calls, ran = model.decode_step, [], []
+
+    def spy(idx, pos, cache):  # per step: the blocks called, and per (layer, row) whether it ran (gate > 0)
+        before = calls[0]
+        out = step(idx, pos, cache)
+        block_calls.append(calls[0] - before)
+        ran.append(torch.stack([g[:, int(pos)] > 0 for g in cache.g]))  # (L, B): the cache holds its gate
+        return out
+    model.decode_step = spy
+    for skip in (False, True):
+        block_calls.clear()
+        ran.clear()
+        out = model.generate(prompt(), 40, temperature=0, skip=skip)
+        assert torch.equal(out, model.generate(prompt(), 40, temperature=0, use_cache=False, skip=skip))
+        r = torch.stack(ran)  # (steps, L, B)
+        assert (~r.any(2)).any() and (r.any(2) & ~r.all(2)).any()  # blocks no row ran; rows that differed
+        # skipping, a step calls a block only if some row runs it; dense, every block
+        want = r.any(2).sum(1).tolist() if skip else [TINY["n_layer"]] * len(ran)
+        assert block_calls == want
+
+
+def compiled(model):
+    """model with decode_step compiled as a script would, fresh dynamo state; returns the graph counter."""
+    torch._dynamo.reset()
+    counters.clear()
+    model.decode_step = torch.compile(model.decode_step, fullgraph=True)
+    return lambda: counters["stats"]["unique_graphs"]
+
+
+# compile time dominates (inductor builds C++ kernels): float32, two layers, one case per model (skipmiddle with
+# gates that skip, both modes)
+@pytest.mark.parametrize("name", model_names())
+def test_compiled_step_is_one_graph_and_equals_recomputation(name):
+    model = build(name, {}, n_layer=2)
+    if name == "skipmiddle":
+        gates_that_skip(model)
+    graphs = compiled(model)
+    seen = spy_positions(model)
+    for kw in skip_modes(model):
+        before = graphs()
+        out = model.generate(prompt(), 100, temperature=0, **kw)
+        check_positions(seen, steps=89, restarts=10)  # and 11 prefills: the prompt and 10 restarts
+        # a compiled step, and at most one recompile over those 100 tokens (none is expected)
+        assert 1 <= graphs() - before <= 2, graphs() - before
+        seen.clear()
+        assert torch.equal(out[:, :45], model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
+
+
+def test_the_graph_count_sees_a_step_whose_inputs_change():
+    """The check above can fail: a step whose input shapes change between tokens compiles again each time (here
+    the position as a 0-dim, a (1,) and a (1, 1) tensor; tracing only, no inductor, to stay fast)."""
+    model = build("vanilla", {}, n_layer=2)
+    module = importlib.import_module("model_vanilla")
+    cache = module.KVCache(model.config, 2, "cpu", torch.float32)
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(model.decode_step, backend="eager", fullgraph=True)
+    token = torch.zeros(2, 1, dtype=torch.long)
+    for t in range(3):
+        step(token, torch.tensor(t), cache)  # the same shapes: one graph
+    assert counters["stats"]["unique_graphs"] == 1
+    for pos in (torch.tensor([3]), torch.tensor([[4]])):
+        step(token, pos, cache)
+    assert counters["stats"]["unique_graphs"] == 3
