@@ -26,9 +26,7 @@ import numpy as np
 import torch
 
 from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, hardware_name, load_checkpoint,
-                    load_model_module,
-                    main_boundary, option, parse_simple, resolve_device, resolve_dtype)
-from train import peak_flops
+                    load_model_module, main_boundary, option, parse_simple, peak_flops, resolve_device, resolve_dtype)
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
 RUNS = [

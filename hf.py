@@ -118,7 +118,8 @@ def read_config(folder):
                       "not supported; the bias option here puts biases on every linear layer or on none")
     if c.get("pretraining_tp", 1) != 1:
         raise HFError(f"{path}: pretraining_tp {c['pretraining_tp']} is not supported; set it to 1")
-    n_embd, n_head, n_kv_head = c["hidden_size"], c["num_attention_heads"], c.get("num_key_value_heads") or n_head
+    n_embd, n_head = c["hidden_size"], c["num_attention_heads"]
+    n_kv_head = c.get("num_key_value_heads") or n_head  # absent: multi-head attention
     head_dim = c.get("head_dim") or n_embd // n_head
     if min(c[k] for k in need) < 1 or n_head % n_kv_head or head_dim < 1 or head_dim % 2:
         raise HFError(f"{path}: the sizes do not fit (each must be 1 or more, num_key_value_heads must divide "

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bench import RUNS
 from common import (DTYPES, SIZES, ConfigError, load_checkpoint, load_model_module, main_boundary, option,
                     parse_simple, read_meta)
 from eval import evaluate_split, import_pyplot
@@ -51,22 +52,8 @@ from train import main as train_main  # train.py's entry point, called in-proces
 # ----------------------------------------------------------------------------------------------------------
 # what is trained: the main table's labels and the papers' ablations
 
-# (label, model file, config overrides): each method's default and the variants its paper compares
-RUNS = [
-    ("vanilla", "vanilla", {}),
-    ("vertical", "vertical", {}),
-    ("vertical-unet", "vertical", dict(va_map="unet")),
-    ("vertical-inet", "vertical", dict(va_map="inet")),
-    ("skiplayer", "skiplayer", {}),
-    ("skiplayer-ala", "skiplayer", dict(ala_every=2)),
-    ("attnres", "attnres", {}),
-    ("attnres-full", "attnres", dict(attn_res="full")),
-    ("aila", "aila", {}),
-    ("aila-arch1", "aila", dict(aila_arch=1)),
-    ("aila-residual", "aila", dict(aila_merge="residual")),
-    ("skipmiddle", "skipmiddle", {}),
-    ("skipmiddle-dense", "skipmiddle", dict(gated=False)),
-]
+# RUNS, (label, model file, config overrides): each method's default and the variants its paper compares,
+# as bench.py measures them
 
 # The papers' names, by model file: the figures group and colour the labels by these.
 PAPERS = {

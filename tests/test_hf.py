@@ -355,3 +355,13 @@ def test_hf_tokenizer_from_prepare_to_sample_and_export(tmp_path, capsys):
     code, _, err = run_script("prepare.py", ["--files", text, "--tokenizer", f"hf:{tmp_path}", "--out_dir", data],
                            capsys)
     assert_one_error_line(code, err, "has no tokenizer.json")
+
+
+def test_a_config_without_num_key_value_heads_is_multi_head_attention(tmp_path):
+    """transformers' default: num_key_value_heads absent means one key/value head per query head."""
+    transformers.LlamaForCausalLM(CONFIGS["llama"]()).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = hf.read_config(str(tmp_path))
+    assert args["n_kv_head"] == args["n_head"] == SIZES["num_attention_heads"]

@@ -4,8 +4,6 @@ traceback, and no file created or changed (by checksum). The options are read fr
 and model files declare them in, so a new option is covered the day it is added."""
 import dataclasses
 import os
-import runpy
-import sys
 
 import numpy as np
 import pytest
@@ -18,8 +16,7 @@ import sample
 import sweep
 import train
 from common import load_model_module, model_names
-from conftest import ROOT
-from test_errors import checksums, write_data_set
+from test_errors import checksums, run_script, write_data_set
 
 PROBES = {int: ["nan", "inf", "-1", "0", str(10**30), "abc"], float: ["nan", "inf", "-1", "0", "1e300", "abc"],
           bool: ["nan", "inf", "-1", "0", str(10**30), "abc"], str: ["nan", "inf", "-1", "0", "1e300", "x" * 300],
@@ -75,20 +72,6 @@ def world(data_dir, tmp_path_factory):
     return root
 
 
-def run_script(script, argv, capsys):
-    """(exit code, stderr) of the script's __main__ block run here with argv."""
-    capsys.readouterr()
-    saved, sys.argv = sys.argv, [script, *argv]
-    try:
-        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = saved
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("script,name,kind,base", CASES, ids=[f"{c[0][:-3]}-{c[1]}" + (f"-{c[3][0][8:]}" if
                                                                                      c[3][0].startswith("--model=")
                                                                                      else "") for c in CASES])
@@ -101,7 +84,7 @@ def test_every_option_takes_any_value_safely(script, name, kind, base, world, tm
         cwd.mkdir()
         monkeypatch.chdir(cwd)
         before = checksums(world, cwd)
-        code, err = run_script(script, [*base, f"--{name}={value}"], capsys)
+        code, err = run_script(script, [*base, f"--{name}={value}"], "", capsys)
         lines = [l for l in err.splitlines() if l.startswith("error: ")]
         assert "Traceback" not in err, (value, err[-3000:])
         if code in (0, None):
