@@ -99,8 +99,10 @@ def parse_args(argv):
         from_files.update(values)
         origin.update(dict.fromkeys(values, path))
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--model", default=from_files.get("model", TrainConfig.model))
-    module = load_model_module(pre.parse_known_args(rest)[0].model)
+    for name in ("model", "dataset", "data_dir"):
+        pre.add_argument(f"--{name}", default=from_files.get(name, getattr(TrainConfig, name)))
+    early = pre.parse_known_args(rest)[0]
+    module = load_model_module(early.model)
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
     unknown = set(from_files) - train_fields - model_fields
@@ -109,7 +111,11 @@ def parse_args(argv):
     parser = ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                             usage="%(prog)s [preset.py ...] [--option value ...]")
     add_options(parser, TrainConfig, "training", from_files)
-    add_options(parser, module.GPTConfig, f"model_{module.__name__[6:]}.py", from_files)
+    try:  # --help shows the vocabulary a new run takes: the data set's, where it is prepared
+        data_vocab = {"vocab_size": read_meta(early.data_dir, early.dataset)["vocab_size"]}
+    except ConfigError:
+        data_vocab = {}
+    add_options(parser, module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
     args = vars(parser.parse_args(rest))
     explicit = set(from_files) | explicit_options(rest)
     if args["size"] in SIZES:  # the preset fills the shape fields nobody set, and the model file's own settings

@@ -88,9 +88,13 @@ def test_unknown_option_and_wrong_type():
     one_line_error(run("sample.py", "--num_samples", "x"), "--num_samples")
 
 
-def test_model_options_follow_the_model():
+def test_model_options_follow_the_model(data_dir):
     code, out, _ = run("train.py", "--model", "vanilla", "--help")
     assert code == 0 and "--n_layer" in out and "--max_iters" in out and "(default: 1000)" in out
+    code, out, _ = run("train.py", "--model", "vertical", "--data_dir", data_dir, "--help")  # the data's vocabulary
+    assert code == 0 and "--va_lr" in out and "--vocab_size" in out
+    vocab = " ".join(out.split("--vocab_size INT")[1].split("--block_size")[0].split())
+    assert "(default: 257)" in vocab, vocab
 
 
 def test_missing_data(tmp_path):
