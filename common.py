@@ -261,8 +261,10 @@ def peak_flops(device, given):
 
 
 def hardware_name(device):
+    """The GPU's name, or the CPU and its threads; "CUDA" for a CUDA device on a machine without one (sweep.py
+    rewrites a GPU sweep's tables anywhere)."""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else "CUDA"
     import platform
     threads = torch.get_num_threads()
     return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"

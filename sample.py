@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common import (DTYPES, ConfigError, autocast, describe_run, load_checkpoint, main_boundary, option,
-                    parse_simple, resolve_device, resolve_dtype)
+from common import (DTYPES, ConfigError, autocast, describe_run, explicit_options, load_checkpoint, main_boundary,
+                    option, parse_simple, resolve_device, resolve_dtype)
 from prepare import get_tokenizer
 
 
@@ -70,7 +70,7 @@ def main(argv):
         raise ConfigError(f"the prompt is {len(ids)} tokens but the model's context is {block_size}; "
                           "shorten --start")
     skips = getattr(module, "SKIPS", False)  # the model file says whether generate() can skip blocks
-    if not skips and "--skip" in {a.split("=")[0] for a in argv}:
+    if not skips and "skip" in explicit_options(argv):
         print(f"note: --skip is ignored: model_{ckpt['model_name']}.py has no skipping", file=sys.stderr)
     if cfg.compile:
         model = torch.compile(model)

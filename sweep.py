@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -43,8 +42,8 @@ import numpy as np
 import torch
 
 from bench import RUNS
-from common import (DTYPES, SIZES, ConfigError, load_checkpoint, load_model_module, main_boundary, option,
-                    parse_simple, read_meta)
+from common import (DTYPES, SIZES, ConfigError, hardware_name, load_checkpoint, load_model_module, main_boundary,
+                    option, parse_simple, read_meta)
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -210,7 +209,7 @@ def main(argv):
         s["points"] = [p for p in s["points"] if p[0] in wanted or p[0] in s["always"]]
         s["plan"] = plan(s, shape, args, device.type, dtype, meta)
     seeds = [args.seed + i for i in range(args.seeds)]
-    header = {"hardware": hardware(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
+    header = {"hardware": hardware_name(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
               "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
               "train_iters": args.train_iters, "seeds": seeds, "train_args": args.train_args}
     return run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv)
@@ -248,13 +247,6 @@ def ablation_sweep(name, args):
     spec = ABLATIONS[name]
     return dict(spec, name=name, results=os.path.join(args.results, "ablations", name), figure="figure.png",
                 always={"vanilla"} & {p[0] for p in spec["points"]}, reference=spec.get("frontier", "vanilla"))
-
-
-def hardware(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else "CUDA"
-    threads = torch.get_num_threads()
-    return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
 
 
 # ----------------------------------------------------------------------------------------------------------
