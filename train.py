@@ -138,12 +138,11 @@ def parse_args(argv):
 
 def read_run(cfg, model_args, module, explicit, meta):
     """The checkpoint to continue (None for a new run) and the model options, after checking out_dir."""
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    path, log = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ConfigError(f"--out_dir {cfg.out_dir} is a file, not a folder; choose another --out_dir")
-    if os.path.exists(os.path.join(cfg.out_dir, "log.jsonl")) and not os.path.isfile(os.path.join(cfg.out_dir,
-                                                                                                  "log.jsonl")):
-        raise ConfigError(f"{os.path.join(cfg.out_dir, 'log.jsonl')} is not a file; move it away")
+    if os.path.exists(log) and not os.path.isfile(log):
+        raise ConfigError(f"{log} is not a file; move it away")
     if not cfg.resume:
         if os.path.exists(path):
             raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
