@@ -251,6 +251,28 @@ def autocast(device, dtype):
     return nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def compile_decode_step(model, device):
+    """Compile the step generate() takes per token (model.decode_step; forward() still prefills eagerly) as one
+    graph: inductor, and on CUDA mode reduce-overhead, which records the step as a CUDA graph and replays it, one
+    launch per token instead of one per kernel. A CUDA graph replays on fixed addresses and writes the cache in
+    place, so every cache the step is given is marked static first: generate() keeps its caches on the model
+    (KVCache.of), so they are the same tensors at every call, and a new one (another batch size) compiles anew.
+    `del model.decode_step` returns to the eager method."""
+    step = torch.compile(model.decode_step, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
+    marked = set()
+
+    def decode_step(idx, pos, cache):
+        if id(cache) not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
+            for tensors in vars(cache).values():
+                for t in tensors if isinstance(tensors, list) else ():
+                    torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
+            marked.add(id(cache))
+        return step(idx, pos, cache)
+
+    model.decode_step = decode_step
+    return model
+
+
 def peak_flops(device, given):
     if given > 0:
         return given

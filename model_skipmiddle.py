@@ -166,6 +166,20 @@ class KVCache:
                   for _ in range(config.n_layer)]
         self.pos = 0  # number of tokens already in the cache (forward() advances it; generate() after a step)
 
+    @classmethod
+    def of(cls, model, batch_size, device):
+        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches,
+        so that every prompt is written into the same tensors: nothing is allocated per prompt, and a compiled
+        decode step recorded as a CUDA graph replays on their addresses. The old keys are masked (positions after
+        pos); the gates are zeroed, since a layer no token runs writes none (SkipCache)."""
+        dtype, cache = model.lm_head.weight.dtype, model.caches.get(cls)
+        if cache is None or (cache.k[0].size(0), cache.k[0].device, cache.k[0].dtype) != (batch_size, device, dtype):
+            cache = model.caches[cls] = cls(model.config, batch_size, device, dtype)
+        cache.pos = 0
+        for g in cache.g:
+            g.zero_()
+        return cache
+
     def update(self, layer, k, v, pos=None):
         """Store k, v (B, H_kv, T, hd) of the new tokens; return the keys/values attention reads. pos None: at
         self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd). pos a tensor of positions, (1,)
@@ -380,6 +394,7 @@ class GPT(nn.Module):
                                config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.caches = {}  # generate()'s key/value caches, one per class: see KVCache.of
         if config.gated:
             # the controller: targets follow from the config; the coefficients are state (saved in checkpoints)
             mean_target = torch.linspace(1.0, config.gate_target, len(self.gates))[self.mirror]  # (L,)
@@ -651,7 +666,7 @@ class GPT(nn.Module):
             if not use_cache:
                 logits = forward(idx[:, start:])[0][:, -1]
             elif cache is None:  # prefill the window
-                cache = Cache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                cache = Cache.of(self, idx.size(0), idx.device)
                 logits = forward(idx[:, start:], cache=cache)[0][:, -1]
                 pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
             else:

@@ -165,6 +165,18 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.pos = 0  # number of tokens already in the cache (forward() advances it; generate() after a step)
 
+    @classmethod
+    def of(cls, model, batch_size, device):
+        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches,
+        so that every prompt is written into the same tensors: nothing is allocated per prompt, and a compiled
+        decode step recorded as a CUDA graph replays on their addresses. The old entries need no clearing: the
+        positions after pos are masked."""
+        dtype, cache = model.lm_head.weight.dtype, model.caches.get(cls)
+        if cache is None or (cache.k[0].size(0), cache.k[0].device, cache.k[0].dtype) != (batch_size, device, dtype):
+            cache = model.caches[cls] = cls(model.config, batch_size, device, dtype)
+        cache.pos = 0
+        return cache
+
     def update(self, layer, k, v, pos=None):
         """Store k, v (B, H_kv, T, hd) of the new tokens and return the keys/values attention reads: with pos None
         (forward) at self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd); with pos a (1,)
@@ -314,6 +326,7 @@ class GPT(nn.Module):
                                config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.caches = {}  # generate()'s key/value caches, one per class: see KVCache.of
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
@@ -429,7 +442,7 @@ class GPT(nn.Module):
             if not use_cache:
                 logits = self(idx[:, start:])[0][:, -1]
             elif cache is None:  # prefill the window
-                cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype)
+                cache = KVCache.of(self, idx.size(0), idx.device)
                 logits = self(idx[:, start:], cache=cache)[0][:, -1]
                 pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
             else:

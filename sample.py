@@ -5,12 +5,13 @@ The model file, its config and the tokenizer all come from the checkpoint. Gener
 cache; past the context length it keeps going on the most recent tokens.
 """
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
 
-from common import (DTYPES, ConfigError, autocast, describe_run, explicit_options, load_checkpoint, main_boundary,
-                    option, parse_simple, resolve_device, resolve_dtype)
+from common import (DTYPES, ConfigError, autocast, compile_decode_step, describe_run, explicit_options,
+                    load_checkpoint, main_boundary, option, parse_simple, resolve_device, resolve_dtype)
 from prepare import get_tokenizer
 
 
@@ -29,7 +30,8 @@ class SampleConfig:
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
     use_cache: bool = option(True, "the key/value cache; false = recompute the whole context per token")
-    compile: bool = option(False, "torch.compile the model")
+    compile: bool = option(False, "torch.compile the decode step (one graph per token: inductor; on CUDA a CUDA "
+                           "graph); the compile time is reported once")
     skip: bool = option(True, "models that can skip (skipmiddle): tokens whose gate is 0 skip their blocks for real; "
                         "false = compute every block")
 
@@ -72,15 +74,23 @@ def main(argv):
     skips = getattr(module, "SKIPS", False)  # the model file says whether generate() can skip blocks
     if not skips and "skip" in explicit_options(argv):
         print(f"note: --skip is ignored: model_{ckpt['model_name']}.py has no skipping", file=sys.stderr)
-    if cfg.compile:
-        model = torch.compile(model)
     print(f"# {cfg.out_dir}: model_{ckpt['model_name']}.py, {describe_run(ckpt)}", file=sys.stderr)
-    torch.manual_seed(cfg.seed)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
+    skip = {"skip": cfg.skip} if skips else {}
+    if cfg.compile and not cfg.use_cache:
+        print("note: --compile compiles the cached decode step; with --use_cache false nothing is compiled",
+              file=sys.stderr)
+    if cfg.compile and cfg.use_cache and cfg.max_new_tokens > 1:
+        t0 = time.perf_counter()
+        compile_decode_step(model, device)
+        with torch.no_grad(), ctx:
+            model.generate(x, 2, temperature=0, **skip)  # a prefill and one decode step, which compiles it
+        print(f"# decode step compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    torch.manual_seed(cfg.seed)
     for _ in range(cfg.num_samples):
         with torch.no_grad(), ctx:
             y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
-                               top_p=cfg.top_p, use_cache=cfg.use_cache, **({"skip": cfg.skip} if skips else {}))
+                               top_p=cfg.top_p, use_cache=cfg.use_cache, **skip)
         text = decode(y[0].tolist())
         print(text[len(prompt):] if not prompt.strip() and text.startswith(prompt) else text)
         print("---------------")

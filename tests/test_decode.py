@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from common import compile_decode_step
 from conftest import model_cases, model_names
 
 # block_size 16: 40 new tokens after a prompt of 5 restart the window four times (at 17, 26, 35 and 44 tokens)
@@ -110,10 +111,11 @@ def test_skipmiddle_steps_skip_for_real_and_equal_recomputation(dtype):
 
 
 def compiled(model):
-    """model with decode_step compiled as a script would, fresh dynamo state; returns the graph counter."""
+    """model with decode_step compiled as the scripts do (common.compile_decode_step), fresh dynamo state;
+    returns the graph counter."""
     torch._dynamo.reset()
     counters.clear()
-    model.decode_step = torch.compile(model.decode_step, fullgraph=True)
+    compile_decode_step(model, torch.device("cpu"))
     return lambda: counters["stats"]["unique_graphs"]
 
 
@@ -134,6 +136,17 @@ def test_compiled_step_is_one_graph_and_equals_recomputation(name):
         assert 1 <= graphs() - before <= 2, graphs() - before
         seen.clear()
         assert torch.equal(out[:, :45], model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
+        # another prompt reuses the model's cache (KVCache.of): no new graph, and nothing of the last prompt
+        # leaks into it (skipping: the gates of layers no token ran are reset); another batch size (a new cache):
+        # right, with at most one new graph (none once dynamo has made the batch dimension dynamic)
+        before, other = graphs(), prompt().flip(0)
+        assert torch.equal(model.generate(other, 20, temperature=0, **kw),
+                           model.generate(other, 20, temperature=0, use_cache=False, **kw))
+        assert graphs() == before
+        assert torch.equal(model.generate(prompt(batch=3), 8, temperature=0, **kw),
+                           model.generate(prompt(batch=3), 8, temperature=0, use_cache=False, **kw))
+        assert graphs() <= before + 1
+        seen.clear()
 
 
 def test_the_graph_count_sees_a_step_whose_inputs_change():

@@ -61,6 +61,22 @@ def test_sample_prompt_from_file(run_dir, tmp_path):
     assert code == 0 and out.startswith("JULIET:\n"), err
 
 
+def test_sample_compile_compiles_the_decode_step(run_dir):
+    """--compile: the same greedy text as eager (past the context of 32 tokens, where the window restarts), and
+    the compile time reported once; dynamo compiles exactly one graph (TORCH_LOGS prints each graph it compiles)
+    for the 2 x 39 decode steps."""
+    greedy = ["--out_dir", run_dir, "--start", "ROMEO:", "--num_samples=2", "--max_new_tokens=40", "--temperature=0"]
+    code, eager, err = run("sample.py", *greedy)
+    assert code == 0, err
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *greedy, "--compile"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_LOGS": "graph_code", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == eager
+    assert proc.stderr.count("# decode step compiled in") == 1
+    assert proc.stderr.count("===== __compiled_fn") == 1, proc.stderr
+
+
 def test_eval_whole_split_and_logit_lens(run_dir, data_dir):
     code, out, err = run("eval.py", "--out_dir", run_dir, "--logit_lens", "--json")
     assert code == 0, err
