@@ -15,8 +15,10 @@ is the bytes of parameters, gradients and AdamW state plus the tensors autograd 
 (the part in which the models differ). The trained results tables come from sweep.py.
 """
 import copy
+import importlib.util
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, hardware_name, load_checkpoint,
-                    load_model_module, main_boundary, option, parse_simple, peak_flops, resolve_device, resolve_dtype)
+from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, compile_decode_step, hardware_name,
+                    load_checkpoint, load_model_module, main_boundary, option, parse_simple, peak_flops,
+                    resolve_device, resolve_dtype, update_readme)
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
 RUNS = [
@@ -70,6 +73,17 @@ class BenchConfig:
     checkpoint: str = option("", "time only generation with and without skipping, on this trained run (its "
                              "out_dir), prompted with the start of its data set's val split from --data_dir", path=True)
     data_dir: str = option("data", "--checkpoint: the folder of prepared data sets", path=True)
+    decode: bool = option(False, "measure generation only: prefill tokens/s, time to first token and decode "
+                          "tokens/s at each --decode_batches size, eager and with the decode step compiled (as "
+                          "sample.py --compile)")
+    decode_batches: str = option("1,8", "--decode: comma-separated batch sizes (rows generated together)")
+    prompt_tokens: int = option(64, "--decode: prompt length (random tokens)", min=1)
+    decode_tokens: int = option(128, "--decode: timed decode steps after the first token", min=1)
+    baseline: str = option("", "--decode: also time the eager generate() of the model_*.py files in this folder "
+                           "(another checkout, e.g. from before a change), with the same weights, in the same rounds",
+                           path=True)
+    update_readme: bool = option(False, "--decode: also rewrite README.md's copy of the table, between the markers "
+                                 "<!-- JSON:start --> and <!-- JSON:end --> of the --json path")
 
 
 def saved_tensor_bytes(model, x, y):
@@ -286,6 +300,134 @@ def print_measurements(rows):
                   f"dense: time ratio {r['skip_time_ratio']:.3f}, est_flops_ratio {r['est_flops_ratio']:.3f}")
 
 
+# ----------------------------------------------------------------------------------------------------------
+# --decode: generation speed, eager and compiled
+
+def measure_decoding(wanted, shape, args, device, ctx):
+    """Rows per (label, mode, batch), timed in --repeats rounds, each round every case once in turn, so that a
+    change in the machine's load hits all alike. decode_ratio: per round, vanilla's seconds per step (same mode
+    and batch) over this case's, i.e. its decode speed as a fraction of vanilla's: median, min and max over the
+    rounds; baseline_ratio the same against the --baseline checkout's eager generate(), skip_ratio (models that
+    skip) against the same model's generation without skipping."""
+    batches = [int(b) for b in args.decode_batches.split(",")]
+    cases, compile_s = decode_cases(wanted, shape, batches, args, device, ctx)
+    for case in cases.values():
+        case.timed()  # warm-up: caches allocated, kernels chosen
+    times = {key: [] for key in cases}
+    for _ in range(args.repeats):
+        for key, case in cases.items():
+            times[key].append(case.timed())
+    rows = []
+    for (label, mode, batch), t in times.items():
+        first = statistics.median(f for f, _ in t)
+        step = [s for _, s in t]
+        row = {"label": label, "mode": mode, "batch": batch, "time_to_first_token_s": first,
+               "prefill_tok_s": batch * args.prompt_tokens / first, "decode_tok_s": batch / statistics.median(step),
+               "compile_s": compile_s.get((label, batch)) if mode == "compiled" else None, "step_seconds": step}
+        for name, ref in (("decode_ratio", ("vanilla", mode, batch)), ("baseline_ratio", (label, "baseline", batch)),
+                          ("skip_ratio", (f"{label} (skip=False)", mode, batch))):
+            if ref in times and mode != "baseline":
+                ratios = [r / s for (_, r), s in zip(times[ref], step)]
+                row.update({name: statistics.median(ratios), f"{name}_min": min(ratios), f"{name}_max": max(ratios)})
+        rows.append(row)
+    return rows
+
+
+def decoding_table(rows, args):
+    """The rows as a Markdown table: per model and batch size, eager and compiled side by side."""
+    lines = ["| model | batch | prefill tok/s | first token ms | decode tok/s eager | compiled | compiled x vanilla "
+             "(min-max) | compile s |" + (" eager x baseline | compiled x baseline |" if args.baseline else ""),
+             "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if args.baseline else "")]
+    by = {(r["label"], r["mode"], r["batch"]): r for r in rows}
+    for (label, mode, batch), r in by.items():
+        if mode != "eager":
+            continue
+        c = by[label, "compiled", batch]
+        cells = [label, batch, f"{r['prefill_tok_s']:,.0f}", f"{1000 * r['time_to_first_token_s']:.1f}",
+                 f"{r['decode_tok_s']:,.0f}", f"{c['decode_tok_s']:,.0f}",
+                 f"{c['decode_ratio']:.2f} ({c['decode_ratio_min']:.2f}-{c['decode_ratio_max']:.2f})",
+                 f"{c['compile_s']:.1f}"]
+        if args.baseline:
+            cells += [f"{r['baseline_ratio']:.2f} ({r['baseline_ratio_min']:.2f}-{r['baseline_ratio_max']:.2f})",
+                      f"{c['baseline_ratio']:.2f} ({c['baseline_ratio_min']:.2f}-{c['baseline_ratio_max']:.2f})"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    notes = [f"{r['label']}, batch {r['batch']}, {r['mode']}: decode with skipping {r['skip_ratio']:.2f}x "
+             f"({r['skip_ratio_min']:.2f}-{r['skip_ratio_max']:.2f}) as fast as without" for r in rows if "skip_ratio" in r]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+class Decoding:
+    """Greedy generation of one model at one batch size with a given decode step (eager or compiled). timed()
+    generates 1 and then 1 + n tokens after the same prompt: the first is the time to first token (the prefill
+    and one sampled token), the difference is n decode steps; returns (seconds to first token, seconds per step)."""
+
+    def __init__(self, model, step, batch, args, device, ctx, **kwargs):
+        self.model, self.step, self.kwargs, self.n = model, step, kwargs, args.decode_tokens
+        self.device, self.ctx = device, ctx
+        g = torch.Generator().manual_seed(batch)
+        self.prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), generator=g).to(device)
+
+    def generate(self, n):
+        if self.step is not None:  # the eager method or the compiled step (None: the model's own, a baseline's)
+            self.model.decode_step = self.step
+        sync(self.device)
+        t0 = time.perf_counter()
+        with torch.no_grad(), self.ctx:
+            out = self.model.generate(self.prompt, n, temperature=0, **self.kwargs)
+        sync(self.device)
+        return time.perf_counter() - t0, out
+
+    def timed(self):
+        first, _ = self.generate(1)
+        total, _ = self.generate(1 + self.n)
+        return first, (total - first) / self.n
+
+
+def load_baseline(folder, name, model, config_args):
+    """The same model (same weights) built from folder/model_<name>.py, another checkout's copy of the file."""
+    path = os.path.join(folder, f"model_{name}.py")
+    spec = importlib.util.spec_from_file_location(f"baseline_model_{name}", path)
+    if spec is None or not os.path.exists(path):
+        raise ConfigError(f"--baseline {folder}: no model_{name}.py there; pass the root of another checkout")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = module.GPT(module.GPTConfig(**config_args)).to(model.lm_head.weight.device).eval()
+    base.load_state_dict(model.state_dict())
+    return base
+
+
+def decode_cases(wanted, shape, batches, args, device, ctx):
+    """{(label, mode, batch): Decoding} for vanilla and every wanted run, eager and compiled (mode 'eager',
+    'compiled', and 'baseline' with --baseline); skipmiddle's generation with skipping is labelled as the run and
+    without as '<label> (skip=False)'. Also returns the compile seconds of each compiled case: its first
+    generate(), which traces and compiles the step (a new batch size may compile again)."""
+    cases, compile_s = {}, {}
+    for label, name, overrides in RUNS:
+        if label != "vanilla" and label not in wanted:
+            continue
+        module = load_model_module(name)
+        torch.manual_seed(0)
+        model = module.GPT(module.GPTConfig(**shape, **overrides)).to(device).eval()
+        variants = {label: {}}
+        if getattr(module, "SKIPS", False) and getattr(model, "gates", None):
+            variants = {label: dict(skip=True), f"{label} (skip=False)": dict(skip=False)}
+            if args.close_gates >= 0:
+                close_gates(model, args.close_gates)
+        eager = model.decode_step
+        compiled = compile_decode_step(model, device).decode_step
+        base = load_baseline(args.baseline, name, model, {**shape, **overrides}) if args.baseline else None
+        for variant, kwargs in variants.items():
+            for batch in batches:
+                cases[variant, "eager", batch] = Decoding(model, eager, batch, args, device, ctx, **kwargs)
+                cases[variant, "compiled", batch] = case = Decoding(model, compiled, batch, args, device, ctx, **kwargs)
+                t0 = time.perf_counter()
+                case.generate(2)
+                compile_s[variant, batch] = time.perf_counter() - t0
+                if base is not None:
+                    cases[variant, "baseline", batch] = Decoding(base, None, batch, args, device, ctx, **kwargs)
+        print(f"  built and compiled {label}", file=sys.stderr)
+    return cases, compile_s
+
+
 def parse_args(argv):
     return parse_simple(BenchConfig, argv, __doc__)
 
@@ -301,6 +443,8 @@ def main(argv):
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
+    if args.decode:
+        check_decode_options(args)
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
     if args.size == "small":  # the model files' own defaults: write them out, for the record
         defaults = load_model_module("vanilla").GPTConfig()
@@ -308,18 +452,50 @@ def main(argv):
     if args.n_layer:
         shape["n_layer"] = args.n_layer
     hardware = hardware_name(device)
-    print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
-          f"{dtype}{', compiled' if args.compile else ''}, torch {torch.__version__}")
     if args.json:  # the folder, before an hour of measuring: a path that cannot be written fails now
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    rows = measure_all(wanted, shape, args, device, ctx)
-    print_measurements(rows)
+    head = {"size": args.size, "shape": shape, "hardware": hardware, "dtype": dtype, "torch": torch.__version__,
+            "repeats": args.repeats}
+    if args.decode:
+        print(f"{args.size} shape, generation after {args.prompt_tokens} prompt tokens, {hardware}, {dtype}, "
+              f"torch {torch.__version__}")
+        rows = measure_decoding(wanted, shape, args, device, ctx)
+        table = decoding_table(rows, args)
+        print(table, end="")
+        head.update(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, close_gates=args.close_gates,
+                    baseline=args.baseline, command=["bench.py", *argv])
+    else:
+        print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
+              f"{dtype}{', compiled' if args.compile else ''}, torch {torch.__version__}")
+        rows = measure_all(wanted, shape, args, device, ctx)
+        print_measurements(rows)
+        head.update(batch_size=args.batch_size, compile=args.compile, warmup=args.warmup, iters=args.iters)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"size": args.size, "shape": shape, "batch_size": args.batch_size, "hardware": hardware,
-                       "dtype": dtype, "compile": args.compile, "torch": torch.__version__, "warmup": args.warmup,
-                       "iters": args.iters, "repeats": args.repeats, "results": rows}, f, indent=1)
+            json.dump({**head, "results": rows}, f, indent=1)
+    if args.update_readme:
+        note = (f"`{shlex.join(['python', 'bench.py', *argv])}` on {hardware}, {dtype}, torch {torch.__version__}; "
+                f"greedy, {args.prompt_tokens} prompt tokens, {args.decode_tokens} timed steps, median of "
+                f"{args.repeats} rounds.\n\n")
+        update_readme(note + table, args.json)
     return rows
+
+
+def check_decode_options(args):
+    """--decode's options together: batch sizes, a window that no step restarts, --update_readme's markers."""
+    try:
+        batches = [int(b) for b in args.decode_batches.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise ConfigError(f"--decode_batches {args.decode_batches!r}: give batch sizes of 1 or more, e.g. 1,8")
+    if args.prompt_tokens + args.decode_tokens + 1 > args.block_size:
+        raise ConfigError(f"--prompt_tokens + --decode_tokens + 1 = {args.prompt_tokens + args.decode_tokens + 1} "
+                          f"exceeds --block_size {args.block_size}: the timed steps would restart the window")
+    if args.update_readme and not args.json:
+        raise ConfigError("--update_readme needs --json: its path names the README's markers")
+    if args.baseline and not os.path.isdir(args.baseline):
+        raise ConfigError(f"--baseline {args.baseline}: no such folder; pass the root of another checkout")
 
 
 if __name__ == "__main__":

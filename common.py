@@ -19,6 +19,7 @@ import glob
 import importlib
 import json
 import os
+import re
 import sys
 from contextlib import nullcontext
 
@@ -368,6 +369,20 @@ def windows(data, offsets, T):
 
 # ----------------------------------------------------------------------------------------------------------
 # checkpoints: out_dir/ckpt.pt, written by train.py
+
+def update_readme(table, results):
+    """Replace README.md's copy of a generated table between its markers for `results` (a results folder or file):
+    <!-- results:start --> and <!-- results:end -->."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+    text = open(readme).read()
+    tag = os.path.normpath(results)
+    marked = re.compile(rf"(<!-- {re.escape(tag)}:start -->\n).*?(<!-- {re.escape(tag)}:end -->)", re.S)
+    if not marked.search(text):
+        print(f"note: README.md has no <!-- {tag}:start --> marker; its table is left alone", file=sys.stderr)
+        return
+    with open(readme, "w") as f:
+        f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
+
 
 def checkpoint_path(out_dir):
     return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")

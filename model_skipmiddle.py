@@ -168,13 +168,14 @@ class KVCache:
 
     @classmethod
     def of(cls, model, batch_size, device):
-        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches,
-        so that every prompt is written into the same tensors: nothing is allocated per prompt, and a compiled
-        decode step recorded as a CUDA graph replays on their addresses. The old keys are masked (positions after
-        pos); the gates are zeroed, since a layer no token runs writes none (SkipCache)."""
-        dtype, cache = model.lm_head.weight.dtype, model.caches.get(cls)
-        if cache is None or (cache.k[0].size(0), cache.k[0].device, cache.k[0].dtype) != (batch_size, device, dtype):
-            cache = model.caches[cls] = cls(model.config, batch_size, device, dtype)
+        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches (one
+        per class and batch size; clear() frees them), so that every prompt is written into the same tensors:
+        nothing is allocated per prompt, and a compiled decode step recorded as a CUDA graph replays on them.
+        The old keys are masked (positions after pos); the gates are zeroed, since a layer no token runs writes
+        none (SkipCache)."""
+        dtype, cache = model.lm_head.weight.dtype, model.caches.get((cls, batch_size))
+        if cache is None or (cache.k[0].device, cache.k[0].dtype) != (device, dtype):
+            cache = model.caches[cls, batch_size] = cls(model.config, batch_size, device, dtype)
         cache.pos = 0
         for g in cache.g:
             g.zero_()
@@ -394,7 +395,7 @@ class GPT(nn.Module):
                                config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.caches = {}  # generate()'s key/value caches, one per class: see KVCache.of
+        self.caches = {}  # generate()'s key/value caches, one per class and batch size: see KVCache.of
         if config.gated:
             # the controller: targets follow from the config; the coefficients are state (saved in checkpoints)
             mean_target = torch.linspace(1.0, config.gate_target, len(self.gates))[self.mirror]  # (L,)

@@ -156,13 +156,13 @@ class KVCache:
 
     @classmethod
     def of(cls, model, batch_size, device):
-        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches,
-        so that every prompt is written into the same tensors: nothing is allocated per prompt, and a compiled
-        decode step recorded as a CUDA graph replays on their addresses. The old entries need no clearing: the
-        positions after pos are masked."""
-        dtype, cache = model.lm_head.weight.dtype, model.caches.get(cls)
-        if cache is None or (cache.k[0].size(0), cache.k[0].device, cache.k[0].dtype) != (batch_size, device, dtype):
-            cache = model.caches[cls] = cls(model.config, batch_size, device, dtype)
+        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches (one
+        per class and batch size; clear() frees them), so that every prompt is written into the same tensors:
+        nothing is allocated per prompt, and a compiled decode step recorded as a CUDA graph replays on them.
+        The old entries need no clearing: the positions after pos are masked."""
+        dtype, cache = model.lm_head.weight.dtype, model.caches.get((cls, batch_size))
+        if cache is None or (cache.k[0].device, cache.k[0].dtype) != (device, dtype):
+            cache = model.caches[cls, batch_size] = cls(model.config, batch_size, device, dtype)
         cache.pos = 0
         return cache
 
@@ -287,7 +287,7 @@ class GPT(nn.Module):
                                config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.caches = {}  # generate()'s key/value caches, one per class: see KVCache.of
+        self.caches = {}  # generate()'s key/value caches, one per class and batch size: see KVCache.of
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):

@@ -43,7 +43,7 @@ import torch
 
 from bench import RUNS
 from common import (DTYPES, SIZES, ConfigError, hardware_name, load_checkpoint, load_model_module, main_boundary,
-                    option, parse_simple, read_meta)
+                    option, parse_simple, read_meta, update_readme)
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -557,19 +557,6 @@ def seeds_done(sweep, runs):
     full = [seed for seed in sorted(sweep["plan"]) if all((label, seed) in have for label in labels)]
     return (f"every point of seed{'s' if len(full) > 1 else ''} {', '.join(map(str, full))}" if full
             else "the first seed not yet complete")
-
-
-def update_readme(table, results):
-    """Replace README.md's copy of the table between its markers for this results folder."""
-    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-    text = open(readme).read()
-    tag = os.path.normpath(results)
-    marked = re.compile(rf"(<!-- {re.escape(tag)}:start -->\n).*?(<!-- {re.escape(tag)}:end -->)", re.S)
-    if not marked.search(text):
-        print(f"note: README.md has no <!-- {tag}:start --> marker; its table is left alone", file=sys.stderr)
-        return
-    with open(readme, "w") as f:
-        f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import bench
 import model_skipmiddle as sm
 import train
 from common import ConfigError, load_checkpoint
+from conftest import ROOT
 
 
 def test_bench_table(tmp_path):
@@ -79,3 +80,31 @@ def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
                 "--device=cpu"])
     with pytest.raises(ConfigError, match="without gates: nothing to skip"):
         bench.main([f"--checkpoint={tmp_path / 'v'}", f"--data_dir={data_dir}", "--device=cpu"])
+
+
+def test_bench_decode_table(tmp_path):
+    """--decode: every case timed, eager and compiled, with consistent derived numbers; the JSON and the README
+    copy written; a --baseline checkout's eager generate() of the same weights timed beside (here this one)."""
+    path = tmp_path / "decode.json"
+    rows = bench.main(["--size=small", "--block_size=32", "--vocab_size=97", "--decode", "--runs=skipmiddle",
+                       "--decode_batches=2", "--prompt_tokens=8", "--decode_tokens=4", "--repeats=2",
+                       "--close_gates=1", "--device=cpu", f"--json={path}", f"--baseline={ROOT}"])
+    labels = ["vanilla", "skipmiddle", "skipmiddle (skip=False)"]
+    assert {(r["label"], r["mode"], r["batch"]) for r in rows} == {
+        (label, mode, b) for label in labels for mode in ("eager", "compiled", "baseline") for b in (2,)}
+    for r in rows:
+        assert len(r["step_seconds"]) == 2 and r["decode_tok_s"] > 0
+        assert abs(r["prefill_tok_s"] * r["time_to_first_token_s"] - 8 * r["batch"]) < 1e-6
+        assert (r["compile_s"] is not None) == (r["mode"] == "compiled")
+        if r["mode"] != "baseline":
+            assert r["decode_ratio_min"] <= r["decode_ratio"] <= r["decode_ratio_max"]
+            assert "baseline_ratio" in r and ("skip_ratio" in r) == (r["label"] == "skipmiddle")
+    assert [r["decode_ratio"] for r in rows if r["label"] == "vanilla" and r["mode"] != "baseline"] == [1.0] * 2
+    saved = json.load(open(path))
+    assert saved["results"] == rows and saved["command"][0] == "bench.py"
+
+
+def test_bench_decode_refuses_a_window_that_restarts():
+    with pytest.raises(ConfigError, match="--block_size 32"):
+        bench.main(["--size=small", "--block_size=32", "--decode", "--prompt_tokens=16", "--decode_tokens=16",
+                    "--device=cpu"])
