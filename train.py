@@ -16,10 +16,8 @@ before anything in out_dir is created or written, and a second run in the same o
 is append-only: a resumed run keeps every record up to its checkpoint's step and moves the records after it
 to log.superseded.jsonl.
 """
-import argparse
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import signal
@@ -30,11 +28,9 @@ from dataclasses import dataclass
 import torch
 
 import hf
-from common import (SIZES, ArgumentParser, ConfigError, HelpFormatter, add_options, autocast, build_model,
-                    check_config, check_paths, check_resume, check_splits, explicit_options, load_model_module, load_state,
-                    lock_out_dir, main_boundary, model_names, open_split, option, peak_flops, read_checkpoint,
-                    read_config_file, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log,
-                    split_config_files, windows)
+from common import (SIZES, ConfigError, Log, autocast, build_model, check_config, check_resume, check_splits,
+                    load_state, lock_out_dir, main_boundary, model_names, open_split, option, parse_model_options,
+                    read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log, windows)
 
 @dataclass
 class TrainConfig:
@@ -92,48 +88,7 @@ class TrainConfig:
 
 def parse_args(argv):
     """(TrainConfig, model options as a dict, model module, names set explicitly); ConfigError on bad input."""
-    files, rest = split_config_files(argv)
-    from_files, origin = {}, {}
-    for path in files:
-        values = read_config_file(path)
-        from_files.update(values)
-        origin.update(dict.fromkeys(values, path))
-    pre = argparse.ArgumentParser(add_help=False)
-    for name in ("model", "dataset", "data_dir"):
-        pre.add_argument(f"--{name}", default=from_files.get(name, getattr(TrainConfig, name)))
-    early = pre.parse_known_args(rest)[0]
-    module = load_model_module(early.model)
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
-    unknown = set(from_files) - train_fields - model_fields
-    if unknown:
-        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}")
-    parser = ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
-                            usage="%(prog)s [preset.py ...] [--option value ...]")
-    add_options(parser, TrainConfig, "training", from_files)
-    try:  # --help shows the vocabulary a new run takes: the data set's, where it is prepared
-        data_vocab = {"vocab_size": read_meta(early.data_dir, early.dataset)["vocab_size"]}
-    except ConfigError:
-        data_vocab = {}
-    add_options(parser, module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
-    args = vars(parser.parse_args(rest))
-    explicit = set(from_files) | explicit_options(rest)
-    if args["size"] in SIZES:  # the preset fills the shape fields nobody set, and the model file's own settings
-        sized = {**SIZES[args["size"]], **getattr(module, "SIZE_DEFAULTS", {}).get(args["size"], {})}
-        args.update({k: v for k, v in sized.items() if k not in explicit})
-        explicit |= set(sized)
-
-    def where(name):
-        return f" (set in {origin[name]})" if name in origin and name not in explicit_options(rest) else ""
-    try:
-        cfg = TrainConfig(**{k: v for k, v in args.items() if k in train_fields})
-        model_args = {k: v for k, v in args.items() if k in model_fields}
-        module.GPTConfig(**model_args)  # its constraints, before any data is read
-    except (ValueError, TypeError) as e:
-        name = str(e).split()[0][2:] if str(e).startswith("--") else ""
-        raise ConfigError(f"{e}{where(name)}")
-    check_paths(cfg)
-    return cfg, model_args, module, explicit
+    return parse_model_options(TrainConfig, argv, __doc__)
 
 
 def read_run(cfg, model_args, module, explicit, meta):
@@ -419,53 +374,6 @@ def main(argv):
             lock.close()
     if world > 1:
         torch.distributed.destroy_process_group()
-
-
-class Log:
-    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the steps since the last record."""
-
-    def __init__(self, cfg, model_args, master, raw_model, world, accum, B, T, device, dtype, start):
-        from tqdm import tqdm
-        self.master, self.path = master, os.path.join(cfg.out_dir, "log.jsonl")
-        self.tokens_per_step = world * accum * B * T
-        self.run = {"world": world, "gradient_accumulation_steps": world * accum, "device": str(device),
-                    "dtype": dtype, "tokens_per_step": self.tokens_per_step}
-        self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(device, cfg.peak_flops) * world
-        self.seconds, self.tokens, self.wandb = 0.0, 0, None
-        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not master, dynamic_ncols=True)
-        if master:
-            self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
-                           f"{world} process(es) x {accum} micro-steps x {B} x {T} tokens | {device} {dtype}")
-        if master and cfg.wandb_log:
-            import wandb
-            self.wandb = wandb
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
-                       config={**dataclasses.asdict(cfg), **model_args})
-
-    def step_done(self, seconds, device):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        self.seconds, self.tokens = self.seconds + seconds, self.tokens + self.tokens_per_step
-        self.bar.update(1)
-
-    def train_record(self, step, loss, lr):
-        tok_s = self.tokens / self.seconds
-        self.seconds, self.tokens = 0.0, 0
-        return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
-                **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
-
-    def write(self, record, show=False):
-        if not self.master:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=record["iter"])
-        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
-        self.bar.write(text) if show else self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
-
-    def close(self):
-        self.bar.close()  # before any error line, so that it does not share the bar's line
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ MORE = {"skiplayer": [(dict(skip_heads=0), "function-preserving, exactly")],
 
 def start_from(name, folder, meta, **overrides):
     """A model_<name>.py GPT built and loaded as train.py --init_from builds it (seeded)."""
-    module = train.load_model_module(name)
+    module = common.load_model_module(name)
     args = {f.name: f.default for f in dataclasses.fields(module.GPTConfig)} | overrides | {"block_size": 64}
     args = hf.init_args(folder, module, args, [], meta)
     torch.manual_seed(0)
@@ -177,11 +177,11 @@ def start_from(name, folder, meta, **overrides):
 
 @pytest.mark.parametrize("name", model_names())
 def test_step_zero_claims(name, hf_models, data_dir, capsys, record_property):
-    module = train.load_model_module(name)
+    module = common.load_model_module(name)
     doc = " ".join(module.__doc__.split())
     assert f"Step 0 from a pretrained model (train.py --init_from): {CLAIMS[name]}" in doc
     folder = hf_models["qwen3"][0]
-    meta = train.read_meta(data_dir, "shakespeare")
+    meta = common.read_meta(data_dir, "shakespeare")
     x = ids()
     for overrides, claim in [({}, CLAIMS[name])] + MORE.get(name, []):
         models = [start_from(n, folder, meta, **o) for n, o in (("vanilla", {}), (name, overrides))]
