@@ -356,9 +356,10 @@ def decoding_table(rows, args):
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 class Decoding:
-    """Greedy generation of one model at one batch size with a given decode step (eager or compiled). timed()
-    generates 1 and then 1 + n tokens after the same prompt: the first is the time to first token (the prefill
-    and one sampled token), the difference is n decode steps; returns (seconds to first token, seconds per step)."""
+    """Greedy generation of one model at one batch size with a given decode step (eager or compiled; None: the
+    model's own generate() as it is, a --baseline's). timed() generates 1 + n tokens after the prompt and splits
+    the time where the first decode step starts, once the first token is sampled: (seconds to the first token,
+    the prefill and its sampling; seconds per decode step)."""
 
     def __init__(self, model, step, batch, args, device, ctx, **kwargs):
         self.model, self.step, self.kwargs, self.n = model, step, kwargs, args.decode_tokens
@@ -366,20 +367,36 @@ class Decoding:
         g = torch.Generator().manual_seed(batch)
         self.prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), generator=g).to(device)
 
-    def generate(self, n):
-        if self.step is not None:  # the eager method or the compiled step (None: the model's own, a baseline's)
-            self.model.decode_step = self.step
+    def generate(self, n, on_step=None):
+        """Seconds of one generate() of n tokens; on_step() is called before every decode step."""
+        if self.step is not None:
+            self.model.decode_step = self.step if on_step is None else lambda *a: (on_step(), self.step(*a))[1]
+        hook, calls = None, []
+
+        def count(module, args):  # a baseline's generate(): every forward pass embeds its tokens once, and every
+            calls.append(1)       # one after the prefill's is a decode step, whichever method it goes through
+            if len(calls) > 1:
+                on_step()
+        if self.step is None and on_step is not None:
+            hook = self.model.tok_emb.register_forward_pre_hook(count)
         sync(self.device)
         t0 = time.perf_counter()
         with torch.no_grad(), self.ctx:
-            out = self.model.generate(self.prompt, n, temperature=0, **self.kwargs)
+            self.model.generate(self.prompt, n, temperature=0, **self.kwargs)
         sync(self.device)
-        return time.perf_counter() - t0, out
+        if hook is not None:
+            hook.remove()
+        return time.perf_counter() - t0, t0
 
     def timed(self):
-        first, _ = self.generate(1)
-        total, _ = self.generate(1 + self.n)
-        return first, (total - first) / self.n
+        first = []
+
+        def on_step():
+            if not first:  # once: a synchronisation per step would hold the GPU back
+                sync(self.device)
+                first.append(time.perf_counter())
+        total, t0 = self.generate(1 + self.n, on_step)
+        return first[0] - t0, (t0 + total - first[0]) / self.n
 
 
 def load_baseline(folder, name, model, config_args):
@@ -419,9 +436,7 @@ def decode_cases(wanted, shape, batches, args, device, ctx):
             for batch in batches:
                 cases[variant, "eager", batch] = Decoding(model, eager, batch, args, device, ctx, **kwargs)
                 cases[variant, "compiled", batch] = case = Decoding(model, compiled, batch, args, device, ctx, **kwargs)
-                t0 = time.perf_counter()
-                case.generate(2)
-                compile_s[variant, batch] = time.perf_counter() - t0
+                compile_s[variant, batch] = case.generate(2)[0]
                 if base is not None:
                     cases[variant, "baseline", batch] = Decoding(base, None, batch, args, device, ctx, **kwargs)
         print(f"  built and compiled {label}", file=sys.stderr)

@@ -15,9 +15,10 @@ default, and then the parameters and the random numbers drawn at init are as wit
 computes what transformers' LlamaForCausalLM and Qwen3ForCausalLM compute; hf.py maps their weights in
 (train.py --init_from DIR) and out (export.py). Step 0 from a pretrained model (train.py --init_from):
 function-preserving, exactly: the pretrained model's logits up to float32 rounding (tests/test_hf.py).
-Generation: generate() prefills with forward() into a KVCache allocated once for block_size positions, then takes
-one decode_step() per token with static shapes (the whole cache under a mask of the filled positions, the position
-as a tensor), so that torch.compile traces the step once; past block_size the window restarts from its last half.
+Generation: generate() prefills with forward() into a KVCache of block_size positions, then takes one decode_step()
+per token with static shapes (the whole cache under a mask of the filled positions, the position as a tensor), so
+that torch.compile traces the step once; past block_size the window restarts from its last half. The cache is
+allocated once per batch size and kept on the model (KVCache.of), so that later prompts reuse its tensors.
 
 The other model_*.py files are copies of this file that change only what their method changes; MODIFIED
 lists, in each of them, the components that differ from this file (tests/test_identical.py checks the rest).

@@ -205,6 +205,19 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step):
             f"or use --dtype float32; {kept}")
 
 
+def interruptible():
+    """Ctrl-C and SIGTERM append to the returned list, which the training loop reads between two steps: the run
+    stops there (a KeyboardInterrupt raised wherever the signal lands can be swallowed by a library's cleanup
+    code, and training would go on); a second signal interrupts at once. Also returns the previous handlers."""
+    stop = []
+
+    def handler(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signum)
+    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
 def this_process(cfg):
     """(world size, rank, micro-steps per process, device, dtype) of this process: one, or one of torchrun's."""
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -326,9 +339,11 @@ def main(argv):
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
     log = Log(cfg, model_args, rank == 0, raw_model, world, accum, B, T, device, dtype, iter_num)
-    sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the run like Ctrl-C
+    stop, handlers = interruptible()
     try:
         while True:
+            if stop:  # Ctrl-C or SIGTERM since the last step
+                raise KeyboardInterrupt
             # ---- evaluate and checkpoint once in a while (a resumed run has both for its first step already)
             if (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != saved_step:
                 val = open_split(cfg.data_dir, cfg.dataset, "val", meta)
@@ -369,7 +384,8 @@ def main(argv):
         raise ConfigError(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
     finally:
         log.close()
-        signal.signal(signal.SIGTERM, sigterm)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
         if lock is not None:
             lock.close()
     if world > 1:
