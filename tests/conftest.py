@@ -31,3 +31,18 @@ def data_dir(tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--out_dir", str(out)],
                    cwd=ROOT, check=True, capture_output=True)
     return str(out)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the long checks marked slow (README: Tests)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a long check, run only with --slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="a long check: python -m pytest --slow runs it"))

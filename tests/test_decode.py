@@ -149,6 +149,21 @@ def test_compiled_step_is_one_graph_and_equals_recomputation(name):
         seen.clear()
 
 
+@pytest.mark.slow  # every model and variant in both dtypes: about 15 minutes of inductor compiling on 2 cores
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
+def test_compiled_steps_of_every_variant_equal_recomputation(name, variant, overrides, dtype):
+    model = build(name, overrides, dtype)
+    if getattr(model.config, "gated", False):
+        gates_that_skip(model)
+    graphs = compiled(model)
+    for kw in skip_modes(model):
+        before = graphs()
+        out = model.generate(prompt(), 40, temperature=0, **kw)  # 4 restarts of the window
+        assert torch.equal(out, model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
+        assert 1 <= graphs() - before <= 2, graphs() - before
+
+
 def test_the_graph_count_sees_a_step_whose_inputs_change():
     """The check above can fail: a step whose input shapes change between tokens compiles again each time (here
     the position as a 0-dim, a (1,) and a (1, 1) tensor; tracing only, no inductor, to stay fast)."""
