@@ -149,7 +149,7 @@ def test_compiled_step_is_one_graph_and_equals_recomputation(name):
         seen.clear()
 
 
-@pytest.mark.slow  # every model and variant in both dtypes: about 15 minutes of inductor compiling on 2 cores
+@pytest.mark.slow  # every model and variant in both dtypes: 34 cases, about 5 minutes of inductor compiling
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
 def test_compiled_steps_of_every_variant_equal_recomputation(name, variant, overrides, dtype):
