@@ -21,6 +21,7 @@ import json
 import os
 import re
 import sys
+import weakref
 from contextlib import nullcontext
 
 import numpy as np
@@ -312,14 +313,14 @@ def compile_decode_step(model, device):
     method = type(model).decode_step
     step = torch.compile(getattr(method, "__wrapped__", method).__get__(model),
                          mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
-    marked = set()
+    marked = weakref.WeakSet()
 
     def decode_step(idx, pos, cache):
-        if id(cache) not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
+        if cache not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
             for tensors in vars(cache).values():
                 for t in tensors if isinstance(tensors, list) else ():
                     torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
-            marked.add(id(cache))
+            marked.add(cache)
         with torch.no_grad():
             return step(idx, pos, cache)
 
@@ -421,7 +422,7 @@ def windows(data, offsets, T):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# checkpoints: out_dir/ckpt.pt, written by train.py
+# generated tables: README.md's copies
 
 def update_readme(table, results):
     """Replace README.md's copy of a generated table between its markers for `results` (a results folder or file):
@@ -436,6 +437,9 @@ def update_readme(table, results):
     with open(readme, "w") as f:
         f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
 
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints: out_dir/ckpt.pt, written by train.py
 
 def checkpoint_path(out_dir):
     return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
