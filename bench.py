@@ -355,6 +355,7 @@ def decoding_table(rows, args):
              f"({r['skip_ratio_min']:.2f}-{r['skip_ratio_max']:.2f}) as fast as without" for r in rows if "skip_ratio" in r]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
+
 class Decoding:
     """Greedy generation of one model at one batch size with a given decode step (eager or compiled; None: the
     model's own generate() as it is, a --baseline's). timed() generates 1 + n tokens after the prompt and splits
@@ -458,6 +459,9 @@ def main(argv):
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
+    if args.update_readme and not (args.decode and args.json):
+        raise ConfigError("--update_readme writes the --decode table into README.md: give --decode, and --json "
+                          "(its path names the README's markers)")
     if args.decode:
         check_decode_options(args)
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
@@ -497,7 +501,7 @@ def main(argv):
 
 
 def check_decode_options(args):
-    """--decode's options together: batch sizes, a window that no step restarts, --update_readme's markers."""
+    """--decode's options together: batch sizes, a window that no step restarts, the baseline's folder."""
     try:
         batches = [int(b) for b in args.decode_batches.split(",")]
     except ValueError:
@@ -507,8 +511,6 @@ def check_decode_options(args):
     if args.prompt_tokens + args.decode_tokens + 1 > args.block_size:
         raise ConfigError(f"--prompt_tokens + --decode_tokens + 1 = {args.prompt_tokens + args.decode_tokens + 1} "
                           f"exceeds --block_size {args.block_size}: the timed steps would restart the window")
-    if args.update_readme and not args.json:
-        raise ConfigError("--update_readme needs --json: its path names the README's markers")
     if args.baseline and not os.path.isdir(args.baseline):
         raise ConfigError(f"--baseline {args.baseline}: no such folder; pass the root of another checkout")
 

@@ -32,6 +32,7 @@ from common import (SIZES, ConfigError, Log, autocast, build_model, check_config
                     load_state, lock_out_dir, main_boundary, model_names, open_split, option, parse_model_options,
                     read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log, windows)
 
+
 @dataclass
 class TrainConfig:
     # I/O
