@@ -679,7 +679,7 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
     for i, panel in enumerate(panels):
         ax = all_axes[0][i]
         stat = panel == sweep.get("stat")
-        points = {}  # series -> label -> [(x, run), ...]
+        points, key = {}, []  # series -> label -> [(x, run), ...]; the key's lines (achieved sparsity)
         for r in runs:
             for axis, series, x in xs[r["key"]]:
                 if axis == (axes[0] if stat else panel):
@@ -695,8 +695,13 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
             xm, ym, xe, ye, texts = zip(*sorted(marks))
             ax.errorbar(xm, ym, xerr=xe if any(xe) else None, yerr=ye, fmt="o-", capsize=3,
                         color=series_colours[k % 10], label=series)
-            for x, y, text in zip(xm, ym, texts):
-                ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=7)
+            for x, y, (tag, line) in zip(xm, ym, texts):
+                ax.annotate(tag, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=7)
+                if line:
+                    key.append(line)
+        if key:  # under the legend, in the empty upper right: loss falls with FLOPs
+            ax.text(0.98, 0.78, "target (tag at the point)\n" + "\n".join(key), transform=ax.transAxes, fontsize=7,
+                    family="monospace", va="top", ha="right", bbox=dict(facecolor="white", alpha=0.8, linewidth=0))
         if stat:
             init = init_stat(sweep, configs)
             if init is not None:
@@ -722,17 +727,19 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
 
 
 def annotation(sweep, config, group, label):
-    """The text beside a point: skipmiddle's achieved sparsity (mean over seeds), else the label."""
+    """(tag beside a point, line of the panel's key or None): skipmiddle's achieved sparsity (mean over seeds) in
+    the key, with a short tag at the point; else the label alone."""
     if sweep["name"] != "skipmiddle":
-        return label
+        return label, None
     if not config.gated:
-        return f"{config.n_layer}L"
+        return f"{config.n_layer}L", None
     stats = [r["stats"] for r in group]
     middle = sum(1 for k in stats[0] if re.fullmatch(r"gate\d+_zero", k)) - 1
     zero = statistics.fmean(s.get(f"gate{middle}_zero", math.nan) for s in stats)
     ratio = statistics.fmean(s.get("est_flops_ratio", math.nan) for s in stats)
-    target = "no control" if config.gate_gamma == 0 else f"target {config.gate_target:g}"
-    return f"{target}: middle gate {zero:.0%} zero, x{ratio:.2f} FLOPs"
+    tag = ("no control" if config.gate_gamma == 0 else f"{config.gate_target:g}"
+           + (" (paper)" if config.gate_gamma != GATE_GAMMA else ""))
+    return tag, f"{tag:>11}: middle gate {zero:4.0%} zero, x{ratio:.2f} FLOPs"
 
 
 def init_stat(sweep, configs):
