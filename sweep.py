@@ -655,7 +655,7 @@ def plot_curves(sweep, rows, runs, path):
     ax.grid(alpha=0.3)
     delta_panel(bx, rows, colour, models, "vanilla")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # with the Δ panel's text right of its axes
     plt.close(fig)
 
 
@@ -722,7 +722,7 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
                 "the dense models at the same FLOPs" if "frontier" in sweep else "vanilla")
     fig.suptitle(f"{sweep['paper']}: {len(runs)} runs")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # with the Δ panel's text right of its axes
     plt.close(fig)
 
 
