@@ -303,13 +303,12 @@ def print_measurements(rows):
 # ----------------------------------------------------------------------------------------------------------
 # --decode: generation speed, eager and compiled
 
-def measure_decoding(wanted, shape, args, device, ctx):
+def measure_decoding(wanted, shape, batches, args, device, ctx):
     """Rows per (label, mode, batch), timed in --repeats rounds, each round every case once in turn, so that a
     change in the machine's load hits all alike. decode_ratio: per round, vanilla's seconds per step (same mode
     and batch) over this case's, i.e. its decode speed as a fraction of vanilla's: median, min and max over the
     rounds; baseline_ratio the same against the --baseline checkout's eager generate(), skip_ratio (models that
-    skip) against the same model's generation without skipping."""
-    batches = [int(b) for b in args.decode_batches.split(",")]
+    skip) against the same model's generation without skipping. batches: the batch sizes (check_decode_options)."""
     cases, compile_s = decode_cases(wanted, shape, batches, args, device, ctx)
     for case in cases.values():
         case.timed()  # warm-up: caches allocated, kernels chosen
@@ -462,8 +461,7 @@ def main(argv):
     if args.update_readme and not (args.decode and args.json):
         raise ConfigError("--update_readme writes the --decode table into README.md: give --decode, and --json "
                           "(its path names the README's markers)")
-    if args.decode:
-        check_decode_options(args)
+    batches = check_decode_options(args) if args.decode else None
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
     if args.size == "small":  # the model files' own defaults: write them out, for the record
         defaults = load_model_module("vanilla").GPTConfig()
@@ -478,7 +476,7 @@ def main(argv):
     if args.decode:
         print(f"{args.size} shape, generation after {args.prompt_tokens} prompt tokens, {hardware}, {dtype}, "
               f"torch {torch.__version__}")
-        rows = measure_decoding(wanted, shape, args, device, ctx)
+        rows = measure_decoding(wanted, shape, batches, args, device, ctx)
         table = decoding_table(rows, args)
         print(table, end="")
         head.update(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, close_gates=args.close_gates,
@@ -501,7 +499,8 @@ def main(argv):
 
 
 def check_decode_options(args):
-    """--decode's options together: batch sizes, a window that no step restarts, the baseline's folder."""
+    """--decode's options together: batch sizes, a window that no step restarts, the baseline's folder. Returns
+    the batch sizes."""
     try:
         batches = [int(b) for b in args.decode_batches.split(",")]
     except ValueError:
@@ -513,6 +512,7 @@ def check_decode_options(args):
                           f"exceeds --block_size {args.block_size}: the timed steps would restart the window")
     if args.baseline and not os.path.isdir(args.baseline):
         raise ConfigError(f"--baseline {args.baseline}: no such folder; pass the root of another checkout")
+    return batches
 
 
 if __name__ == "__main__":

@@ -119,9 +119,9 @@ def add_options(parser, config_class, title, defaults=None):
 
 
 def parse_model_options(config_class, argv, doc):
-    """train.py's options: config_class (TrainConfig: with model, dataset, data_dir and size fields) and the fields
-    of the chosen model file's GPTConfig, from defaults < preset files < the command line. Returns (config, model
-    options as a dict, model module, names set explicitly); ConfigError on bad input."""
+    """A training script's options: config_class (train.py's TrainConfig: with model, dataset, data_dir and size
+    fields) and the fields of the chosen model file's GPTConfig, from defaults < preset files < the command line.
+    Returns (config, model options as a dict, model module, names set explicitly); ConfigError on bad input."""
     files, rest = split_config_files(argv)
     from_files, origin = {}, {}
     for path in files:

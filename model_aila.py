@@ -179,9 +179,9 @@ class KVCache:
     @classmethod
     def of(cls, model, batch_size, device):
         """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches (one
-        per class and batch size; clear() frees them), so that every prompt is written into the same tensors:
-        nothing is allocated per prompt, and a compiled decode step recorded as a CUDA graph replays on them.
-        The old entries need no clearing: the positions after pos are masked."""
+        per class and batch size; model.caches.clear() frees them), so that every prompt is written into the same
+        tensors: nothing is allocated per prompt, and a compiled decode step recorded as a CUDA graph replays on
+        them. The old entries need no clearing: the positions after pos are masked."""
         dtype, cache = model.lm_head.weight.dtype, model.caches.get((cls, batch_size))
         if cache is None or (cache.k[0].device, cache.k[0].dtype) != (device, dtype):
             cache = model.caches[cls, batch_size] = cls(model.config, batch_size, device, dtype)
