@@ -4,8 +4,8 @@ device, prepared data and checkpoints.
 
 Options. Every script declares its options once, as the fields of a dataclass made with option() (the same
 helper the model files use for their GPTConfig): default, --help text and constraints side by side. parse()
-turns those dataclasses into one command line, and check_config() (from the model files) applies the
-constraints, to values from config files too. Only leading arguments are config files (`train.py
+turns those dataclasses into one command line, and check_config() applies the constraints, to values from
+config files too, before the dataclass is built (its __post_init__ keeps only the rules across fields). Only leading arguments are config files (`train.py
 config/x.py --max_iters 10`): a value such as `--out_dir run.py` is a value.
 
 Errors. A mistake in the user's input raises ConfigError; main_boundary() turns it, and the other failures
@@ -18,16 +18,16 @@ import errno
 import glob
 import importlib
 import json
+import math
 import os
 import re
 import sys
-import weakref
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
-from model_vanilla import check_config, option  # noqa: F401 (option: the scripts declare their options with it)
+from model_vanilla import option  # noqa: F401 (the scripts declare their options with the model files' helper)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -156,9 +156,9 @@ def parse_model_options(config_class, argv, doc):
     def where(name):
         return f" (set in {origin[name]})" if name in origin and name not in explicit_options(rest) else ""
     try:
-        cfg = config_class(**{k: v for k, v in args.items() if k in train_fields})
+        cfg = checked(config_class, **{k: v for k, v in args.items() if k in train_fields})
         model_args = {k: v for k, v in args.items() if k in model_fields}
-        module.GPTConfig(**model_args)  # its constraints, before any data is read
+        checked(module.GPTConfig, **model_args)  # its constraints, before any data is read
     except (ValueError, TypeError) as e:
         name = str(e).split()[0][2:] if str(e).startswith("--") else ""
         raise ConfigError(f"{e}{where(name)}")
@@ -196,22 +196,53 @@ def explicit_options(argv):
     return {a.split("=")[0][2:] for a in argv if a.startswith("--")}
 
 
+def check_config(config_class, values):
+    """ValueError naming the first field of config_class whose value in values (a dict; a missing field has its
+    default) breaks its type or its declared constraints: min / max (inclusive), above / below (exclusive),
+    choices; a float must also be finite, an int fit in 64 bits."""
+    for f in dataclasses.fields(config_class):
+        value, rule, name = values.get(f.name, f.default), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
+def checked(config_class, **values):
+    """config_class(**values) after check_config(): each field's constraints first, then its __post_init__'s
+    rules across fields (which may divide by a field that the first check keeps from being 0)."""
+    check_config(config_class, values)
+    return config_class(**values)
+
+
 def make_config(config_class, values, source=""):
-    """config_class(**values), its constraints checked; ConfigError names the option (and where it came from)."""
+    """checked(config_class, **values); ConfigError names the option (and where it came from)."""
     try:
-        return config_class(**values)
+        return checked(config_class, **values)
     except ValueError as e:
         raise ConfigError(f"{e}{source}")
-
-
-def validated(config):
-    """config after check_config() and check_paths(), as a ConfigError."""
-    try:
-        check_config(config)
-    except ValueError as e:
-        raise ConfigError(str(e))
-    check_paths(config)
-    return config
 
 
 def check_paths(config):
@@ -230,7 +261,9 @@ def parse_simple(config_class, argv, doc):
     parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
     add_options(parser, config_class, "options")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
-    return validated(make_config(config_class, values))
+    config = make_config(config_class, values)
+    check_paths(config)
+    return config
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -299,33 +332,6 @@ def resolve_dtype(name, device):
 def autocast(device, dtype):
     """The mixed-precision context of a resolved dtype: bf16 autocast, or nothing for float32."""
     return nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def compile_decode_step(model, device):
-    """Compile the step generate() takes per token (model.decode_step; forward() still prefills eagerly) as one
-    graph: inductor, and on CUDA mode reduce-overhead, which records the step as a CUDA graph and replays it, one
-    launch per token instead of one per kernel. A CUDA graph replays on fixed addresses and writes the cache in
-    place, so every cache the step is given is marked static first: generate() keeps its caches on the model
-    (KVCache.of), so they are the same tensors at every call, and a new one (another batch size) compiles anew.
-    `del model.decode_step` returns to the eager method."""
-    # the method without its @torch.no_grad() (entered below): that decorator's wrapper is one code object for
-    # every decorated function, so dynamo would count every model's steps against one recompile limit
-    method = type(model).decode_step
-    step = torch.compile(getattr(method, "__wrapped__", method).__get__(model),
-                         mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
-    marked = weakref.WeakSet()
-
-    def decode_step(idx, pos, cache):
-        if cache not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
-            for tensors in vars(cache).values():
-                for t in tensors if isinstance(tensors, list) else ():
-                    torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
-            marked.add(cache)
-        with torch.no_grad():
-            return step(idx, pos, cache)
-
-    model.decode_step = decode_step
-    return model
 
 
 def peak_flops(device, given):

@@ -52,7 +52,7 @@ Extra parameters over vanilla (S = L(L+1)/2 layer-source pairs, b = 1 if bias el
   300m shape (d 768, L 12): arch 2 2,377,728; arch 1 46,093,824 (rank 8: 1,046,016).
 """
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -65,41 +65,9 @@ VARIANTS = {"arch1": dict(aila_arch=1), "arch1_rank": dict(aila_arch=1, aila_ran
 
 
 def option(default, doc, **rules):
-    """A config field with its --help text and its constraints, which check_config() applies: min / max
-    (inclusive), above / below (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
+    """A config field with its --help text and its constraints (min / max, above / below, choices), which the
+    scripts check (common.check_config) before they build a model."""
     return field(default=default, metadata=dict(doc=doc, **rules))
-
-
-def check_config(config):
-    """ValueError naming the first field of a config dataclass that breaks its type or its declared constraints."""
-    for f in fields(config):
-        value, rule, name = getattr(config, f.name), f.metadata, f"--{f.name}"
-        if value is None and f.default is None:
-            continue  # a None default means "not given"
-        kind = f.type
-        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
-            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
-        if type(value) is float and not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, not {value}")
-        if type(value) is int and not -2**63 <= value < 2**63:
-            raise ValueError(f"{name} must fit in 64 bits, not {value}")
-        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
-        if "choices" in rule and value not in rule["choices"]:
-            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
-        if low is not None and high is not None and not low <= value <= high:
-            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
-        if low is not None and below is not None and not low <= value < below:
-            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
-        if above is not None and below is not None and not above < value < below:
-            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
-        if low is not None and value < low:
-            raise ValueError(f"{name} must be {low} or more, not {value}")
-        if high is not None and value > high:
-            raise ValueError(f"{name} must be {high} or less, not {value}")
-        if above is not None and not value > above:
-            raise ValueError(f"{name} must be above {above}, not {value}")
-        if below is not None and not value < below:
-            raise ValueError(f"{name} must be below {below}, not {value}")
 
 
 @dataclass
@@ -126,8 +94,7 @@ class GPTConfig:
     aila_merge: str = option("relu_layernorm", "relu_layernorm: LayerNorm(ReLU(h~ + a)) (paper); residual: h~ + a",
                              choices=("relu_layernorm", "residual"))
 
-    def __post_init__(self):
-        check_config(self)
+    def __post_init__(self):  # the rules across fields; each field's own are checked by the scripts
         head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
         if self.n_head % self.n_kv_head or head_size % 2:
             raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
@@ -174,19 +141,11 @@ class KVCache:
         shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate() after a step)
+        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate.py after a step)
 
-    @classmethod
-    def of(cls, model, batch_size, device):
-        """model's cache of this class for batch_size rows, emptied. Made on first use and kept in model.caches (one
-        per class and batch size; model.caches.clear() frees them), so that every prompt is written into the same
-        tensors: nothing is allocated per prompt, and a compiled decode step recorded as a CUDA graph replays on
-        them. The old entries need no clearing: the positions after pos are masked."""
-        dtype, cache = model.lm_head.weight.dtype, model.caches.get((cls, batch_size))
-        if cache is None or (cache.k[0].device, cache.k[0].dtype) != (device, dtype):
-            cache = model.caches[cls, batch_size] = cls(model.config, batch_size, device, dtype)
-        cache.pos = 0
-        return cache
+    def reset(self):
+        """Empty the cache for a new prompt (generate.py reuses it): the old entries are masked, after pos."""
+        self.pos = 0
 
     def update(self, layer, k, v, pos=None):
         """Store k, v (B, H_kv, T, hd) of the new tokens and return the keys/values attention reads: with pos None
@@ -217,13 +176,8 @@ def attention_mask(T, Tk, past, device):
 
 
 def decode_attention(q, k, v, mask):
-    """decode_step's attention: one query per row against the whole cache. q (B, H, 1, hd), k and v (B, H_kv, S, hd),
-    mask broadcastable to (B, 1, 1, S) (True, or a float bias, at the keys a query may see) -> (B, H, 1, hd).
-    Backend: the H / H_kv query heads that share a KV head become its rows (one position, so one mask), so SDPA
-    needs no GQA: its fused CUDA kernels take enable_gqa only without a mask and would fall back to the math
-    kernel. With a mask flash is out; CUDA takes memory-efficient attention (or cuDNN where it accepts the mask)
-    and CPU its flash kernel, which takes masks. S is the whole cache at every position, so a kernel that builds
-    an execution plan per sequence length (cuDNN on Hopper) builds one, not one per token."""
+    """A decode step's attention, q (B, H, 1, hd) against the whole cache k, v (B, H_kv, S, hd): each KV head's
+    query heads become its rows, so that SDPA needs no GQA flag, which its fused kernels refuse with a mask."""
     B, H, _, hd = q.shape
     y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
         q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
@@ -366,7 +320,6 @@ class GPT(nn.Module):
                                config.rope_theta, None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.caches = {}  # generate()'s key/value caches, one per class and batch size: see KVCache.of
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
@@ -451,57 +404,3 @@ class GPT(nn.Module):
             linear += pairs * proj + 2 * (pairs + c.n_layer) * c.n_embd
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
         return 3 * 2 * (linear + attention)
-
-    @torch.no_grad()
-    def decode_step(self, idx, pos, cache):
-        """Logits (B, vocab) of one new token per row, idx (B, 1), at position pos (a long tensor, 0-dim or (1,)),
-        whose keys and values it writes into cache (a KVCache) at pos. cache.pos is the caller's to advance.
-        Static shapes, so that torch.compile traces one graph for every position: pos is a tensor (no .item(), no
-        Python branch on it), the keys and values are the whole preallocated cache, and a mask hides the positions
-        after pos. generate() calls self.decode_step, so a script compiles it with
-            model.decode_step = torch.compile(model.decode_step, fullgraph=True)"""
-        logits, _ = self(idx, cache=cache, pos=pos.reshape(1))
-        return logits[:, -1]
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
-        """Continue idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding.
-        The model reads the window idx[:, start:]: the last block_size tokens, and whenever the window is full, it
-        restarts from the last block_size // 2 tokens (so the cache is refilled once per block_size // 2 tokens,
-        not every token). The rule is the same without the cache, so greedy tokens are the same either way. With
-        the cache, forward() prefills the window and every further token is one decode_step(); use_cache=False
-        recomputes the whole window for every token."""
-        S = self.config.block_size
-        start, cache = max(0, idx.size(1) - S), None
-        for _ in range(max_new_tokens):
-            if idx.size(1) - start > S:  # the window is full: restart it from the last half context
-                start, cache = idx.size(1) - S // 2, None
-            if not use_cache:
-                logits = self(idx[:, start:])[0][:, -1]
-            elif cache is None:  # prefill the window
-                cache = KVCache.of(self, idx.size(0), idx.device)
-                logits = self(idx[:, start:], cache=cache)[0][:, -1]
-                pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
-            else:
-                logits = self.decode_step(nxt, pos, cache)
-                cache.pos += 1
-                pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
-            nxt = sample_next(logits, temperature, top_k, top_p)  # (B, 1), contiguous: the step's input
-            idx = torch.cat((idx, nxt), dim=1)
-        return idx
-
-
-def sample_next(logits, temperature, top_k, top_p):
-    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
-    return torch.multinomial(logits.softmax(-1), num_samples=1)

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from common import (DTYPES, ConfigError, autocast, compile_decode_step, describe_run, explicit_options,
-                    load_checkpoint, main_boundary, option, parse_simple, resolve_device, resolve_dtype)
+from common import (DTYPES, ConfigError, autocast, describe_run, explicit_options, load_checkpoint, main_boundary,
+                    option, parse_simple, resolve_device, resolve_dtype)
+from generate import compile_decode_step, generate
 from prepare import get_tokenizer
 
 
@@ -80,17 +81,18 @@ def main(argv):
     if cfg.compile and not cfg.use_cache:
         print("note: --compile compiles the cached decode step; with --use_cache false nothing is compiled",
               file=sys.stderr)
+    step = None
     if cfg.compile and cfg.use_cache and cfg.max_new_tokens > 1:
         t0 = time.perf_counter()
-        compile_decode_step(model, device)
-        with torch.no_grad(), ctx:
-            model.generate(x, 2, temperature=0, **skip)  # a prefill and one decode step, which compiles it
+        step = compile_decode_step(model, device)
+        with ctx:
+            generate(model, x, 2, temperature=0, step=step, **skip)  # a prefill and one decode step: it compiles
         print(f"# decode step compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     torch.manual_seed(cfg.seed)
     for _ in range(cfg.num_samples):
-        with torch.no_grad(), ctx:
-            y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
-                               top_p=cfg.top_p, use_cache=cfg.use_cache, **skip)
+        with ctx:
+            y = generate(model, x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                         top_p=cfg.top_p, use_cache=cfg.use_cache, step=step, **skip)
         text = decode(y[0].tolist())
         print(text[len(prompt):] if not prompt.strip() and text.startswith(prompt) else text)
         print("---------------")

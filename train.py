@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 import hf
-from common import (SIZES, ConfigError, Log, autocast, build_model, check_config, check_resume, check_splits,
+from common import (SIZES, ConfigError, Log, autocast, build_model, check_resume, check_splits,
                     load_state, lock_out_dir, main_boundary, model_names, open_split, option, parse_model_options,
                     read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log, windows)
 
@@ -77,8 +77,7 @@ class TrainConfig:
     compile: bool = option(False, "torch.compile the model")
     peak_flops: float = option(0.0, "the device's peak FLOP/s for MFU; 0 = look the GPU up in a table", min=0)
 
-    def __post_init__(self):
-        check_config(self)
+    def __post_init__(self):  # the rules across fields; each field's own are checked first (common.checked)
         if self.decay_lr and self.min_lr > self.learning_rate:
             raise ValueError(f"--min_lr {self.min_lr} is above --learning_rate {self.learning_rate}; the decay "
                              "ends at min_lr, so it must be at most the learning rate")

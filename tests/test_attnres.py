@@ -5,6 +5,8 @@ import torch.nn.functional as F
 
 import model_attnres as attnres
 import model_vanilla as vanilla
+from common import checked
+from generate import generate
 
 TINY = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
 # blocks of layers (block: 1,1,1,1; block3: 2,1,1), of sublayers (block6: 2,2,1,1,1,1 of the 8), one per sublayer
@@ -159,8 +161,8 @@ def test_block_split_and_validation():
             else:
                 assert max(s) - min(s) <= 1
     for bad in (dict(n_blocks=0), dict(n_blocks=9), dict(attn_res="dense")):
-        with pytest.raises(ValueError):
-            attnres.GPT(attnres.GPTConfig(**{**TINY, **bad}))
+        with pytest.raises(ValueError):  # the declared constraints (n_blocks=0, dense) or the rule across fields
+            attnres.GPT(checked(attnres.GPTConfig, **{**TINY, **bad}))
     for name, kw in attnres.VARIANTS.items():  # every variant is valid at the contract suite's tiny shape
         attnres.GPT(attnres.GPTConfig(**{**TINY, **kw}))
 
@@ -174,8 +176,8 @@ def test_causal_and_cached_generation(mode):
     with torch.no_grad():
         assert torch.allclose(model(idx)[0][:, :10], model(changed)[0][:, :10], atol=1e-6)
     prompt = idx[:, :4]
-    with_cache = model.generate(prompt, 28, temperature=0)  # up to block_size: one cache, one token a step
-    assert torch.equal(with_cache, model.generate(prompt, 28, temperature=0, use_cache=False))
+    with_cache = generate(model, prompt, 28, temperature=0)  # up to block_size: one cache, one token a step
+    assert torch.equal(with_cache, generate(model, prompt, 28, temperature=0, use_cache=False))
 
 
 def test_logit_lens_hidden_states():
@@ -219,7 +221,7 @@ def test_low_precision():
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
     model = model.eval().to(torch.bfloat16)  # a model cast to bf16, e.g. for sampling
-    out = model.generate(idx[:, :3], 5, temperature=0)
+    out = generate(model, idx[:, :3], 5, temperature=0)
     assert torch.isfinite(model(idx)[0].float()).all() and out.shape == (2, 8)
 
 

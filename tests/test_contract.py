@@ -12,6 +12,7 @@ import torch
 import common
 import train
 from conftest import ROOT, model_cases, model_names
+from generate import generate
 
 TINY = dict(vocab_size=257, block_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=128)
 CASES = model_cases()
@@ -82,12 +83,12 @@ def test_loss_falls_on_text(name, variant, overrides, data_dir):
 def test_generate_with_cache_equals_recomputation(name, variant, overrides):
     model = build(name, overrides).eval()
     prompt = torch.randint(0, TINY["vocab_size"], (2, 7))
-    with_cache = model.generate(prompt, 40, temperature=0, use_cache=True)
-    without = model.generate(prompt, 40, temperature=0, use_cache=False)
+    with_cache = generate(model, prompt, 40, temperature=0, use_cache=True)
+    without = generate(model, prompt, 40, temperature=0, use_cache=False)
     assert with_cache.shape == (2, 47)
     assert torch.equal(with_cache, without)
     # past the context length generation goes on (the cache restarts from the recent tokens)
-    long = model.generate(prompt, TINY["block_size"] + 5, temperature=0.7, top_k=20, top_p=0.9)
+    long = generate(model, prompt, TINY["block_size"] + 5, temperature=0.7, top_k=20, top_p=0.9)
     assert long.shape == (2, 7 + TINY["block_size"] + 5)
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from common import compile_decode_step
 from conftest import model_cases, model_names
+from generate import compile_decode_step, decode_step, generate
 
 # block_size 16: 40 new tokens after a prompt of 5 restart the window four times (at 17, 26, 35 and 44 tokens)
 # from its last 8 tokens
@@ -42,15 +42,18 @@ def skip_modes(model):
     return [dict(skip=False), dict(skip=True)] if getattr(model.config, "gated", False) else [{}]
 
 
-def spy_positions(model):
-    """Record the position of every decode_step call (wrapping whatever decode_step is, compiled or not)."""
-    seen, step = [], model.decode_step
+def eager(model):
+    return lambda idx, pos, cache: decode_step(model, idx, pos, cache)
+
+
+def spy_positions(step):
+    """(positions seen, a step that records the position of every call and then takes step, compiled or not)."""
+    seen = []
 
     def spy(idx, pos, cache):
         seen.append(int(pos))
         return step(idx, pos, cache)
-    model.decode_step = spy
-    return seen
+    return seen, spy
 
 
 def check_positions(seen, steps, restarts):
@@ -66,12 +69,12 @@ def check_positions(seen, steps, restarts):
 @pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
 def test_static_steps_equal_recomputation_through_the_rollover(name, variant, overrides, dtype):
     model = build(name, overrides, dtype)
-    seen = spy_positions(model)
+    seen, spy = spy_positions(eager(model))
     for kw in skip_modes(model):
         seen.clear()
-        steps = model.generate(prompt(), 40, temperature=0, **kw)
+        steps = generate(model, prompt(), 40, temperature=0, step=spy, **kw)
         assert steps.shape == (2, 45)
-        assert torch.equal(steps, model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
+        assert torch.equal(steps, generate(model, prompt(), 40, temperature=0, use_cache=False, **kw))
         check_positions(seen, steps=35, restarts=3)  # and 5 prefills: the prompt, 4 restarts (the last at the end)
 
 
@@ -89,7 +92,7 @@ def test_skipmiddle_steps_skip_for_real_and_equal_recomputation(dtype):
     calls = [0]
     for block in model.blocks:
         block.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, calls[0] + 1))
-    step, block_calls, ran = model.decode_step, [], []
+    step, block_calls, ran = eager(model), [], []
 
     def spy(idx, pos, cache):  # per step: the blocks called, and per (layer, row) whether it ran (gate > 0)
         before = calls[0]
@@ -97,12 +100,11 @@ def test_skipmiddle_steps_skip_for_real_and_equal_recomputation(dtype):
         block_calls.append(calls[0] - before)
         ran.append(torch.stack([g[:, int(pos)] > 0 for g in cache.g]))  # (L, B): the cache holds its gate
         return out
-    model.decode_step = spy
     for skip in (False, True):
         block_calls.clear()
         ran.clear()
-        out = model.generate(prompt(), 40, temperature=0, skip=skip)
-        assert torch.equal(out, model.generate(prompt(), 40, temperature=0, use_cache=False, skip=skip))
+        out = generate(model, prompt(), 40, temperature=0, skip=skip, step=spy)
+        assert torch.equal(out, generate(model, prompt(), 40, temperature=0, use_cache=False, skip=skip))
         r = torch.stack(ran)  # (steps, L, B)
         assert (~r.any(2)).any() and (r.any(2) & ~r.all(2)).any()  # blocks no row ran; rows that differed
         # skipping, a step calls a block only if some row runs it; dense, every block
@@ -111,12 +113,11 @@ def test_skipmiddle_steps_skip_for_real_and_equal_recomputation(dtype):
 
 
 def compiled(model):
-    """model with decode_step compiled as the scripts do (common.compile_decode_step), fresh dynamo state;
-    returns the graph counter."""
+    """(model's decode step compiled as the scripts do (generate.compile_decode_step), fresh dynamo state; the
+    graph counter)."""
     torch._dynamo.reset()
     counters.clear()
-    compile_decode_step(model, torch.device("cpu"))
-    return lambda: counters["stats"]["unique_graphs"]
+    return compile_decode_step(model, torch.device("cpu")), lambda: counters["stats"]["unique_graphs"]
 
 
 # compile time dominates (inductor builds C++ kernels): float32, two layers, one case per model (skipmiddle with
@@ -126,25 +127,25 @@ def test_compiled_step_is_one_graph_and_equals_recomputation(name):
     model = build(name, {}, n_layer=2)
     if name == "skipmiddle":
         gates_that_skip(model)
-    graphs = compiled(model)
-    seen = spy_positions(model)
+    step, graphs = compiled(model)
+    seen, spy = spy_positions(step)
     for kw in skip_modes(model):
         before = graphs()
-        out = model.generate(prompt(), 100, temperature=0, **kw)
+        out = generate(model, prompt(), 100, temperature=0, step=spy, **kw)
         check_positions(seen, steps=89, restarts=10)  # and 11 prefills: the prompt and 10 restarts
         # a compiled step, and at most one recompile over those 100 tokens (none is expected)
         assert 1 <= graphs() - before <= 2, graphs() - before
         seen.clear()
-        assert torch.equal(out[:, :45], model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
-        # another prompt reuses the model's cache (KVCache.of): no new graph, and nothing of the last prompt
+        assert torch.equal(out[:, :45], generate(model, prompt(), 40, temperature=0, use_cache=False, **kw))
+        # another prompt reuses the model's cache (generate.cache_for): no new graph, and nothing of the last prompt
         # leaks into it (skipping: the gates of layers no token ran are reset); another batch size (a new cache):
         # right, with at most one new graph (none once dynamo has made the batch dimension dynamic)
         before, other = graphs(), prompt().flip(0)
-        assert torch.equal(model.generate(other, 20, temperature=0, **kw),
-                           model.generate(other, 20, temperature=0, use_cache=False, **kw))
+        assert torch.equal(generate(model, other, 20, temperature=0, step=step, **kw),
+                           generate(model, other, 20, temperature=0, use_cache=False, **kw))
         assert graphs() == before
-        assert torch.equal(model.generate(prompt(batch=3), 8, temperature=0, **kw),
-                           model.generate(prompt(batch=3), 8, temperature=0, use_cache=False, **kw))
+        assert torch.equal(generate(model, prompt(batch=3), 8, temperature=0, step=step, **kw),
+                           generate(model, prompt(batch=3), 8, temperature=0, use_cache=False, **kw))
         assert graphs() <= before + 1
         seen.clear()
 
@@ -156,11 +157,11 @@ def test_compiled_steps_of_every_variant_equal_recomputation(name, variant, over
     model = build(name, overrides, dtype)
     if getattr(model.config, "gated", False):
         gates_that_skip(model)
-    graphs = compiled(model)
+    step, graphs = compiled(model)
     for kw in skip_modes(model):
         before = graphs()
-        out = model.generate(prompt(), 40, temperature=0, **kw)  # 4 restarts of the window
-        assert torch.equal(out, model.generate(prompt(), 40, temperature=0, use_cache=False, **kw))
+        out = generate(model, prompt(), 40, temperature=0, step=step, **kw)  # 4 restarts of the window
+        assert torch.equal(out, generate(model, prompt(), 40, temperature=0, use_cache=False, **kw))
         assert 1 <= graphs() - before <= 2, graphs() - before
 
 
@@ -172,7 +173,7 @@ def test_the_graph_count_sees_a_step_whose_inputs_change():
     cache = module.KVCache(model.config, 2, "cpu", torch.float32)
     torch._dynamo.reset()
     counters.clear()
-    step = torch.compile(model.decode_step, backend="eager", fullgraph=True)
+    step = torch.compile(eager(model), backend="eager", fullgraph=True)
     token = torch.zeros(2, 1, dtype=torch.long)
     for t in range(3):
         step(token, torch.tensor(t), cache)  # the same shapes: one graph

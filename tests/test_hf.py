@@ -22,6 +22,7 @@ import hf
 import common
 import train
 from conftest import ROOT, model_names
+from generate import generate
 
 RUN = ["--block_size=64", "--batch_size=4", "--eval_iters=2", "--device=cpu", "--log_interval=1"]
 SIZES = dict(vocab_size=257, hidden_size=64, intermediate_size=96, num_key_value_heads=2, num_attention_heads=4,
@@ -124,7 +125,7 @@ def test_logits_gradients_and_greedy_tokens_match_transformers(arch, hf_models, 
     ref.zero_grad(set_to_none=True)
     # greedy decoding: ours with its key/value cache, theirs with their cache
     prompt = x[:, :8]
-    mine = ours.generate(prompt, 40, temperature=0)
+    mine = generate(ours, prompt, 40, temperature=0)
     with torch.no_grad():
         other = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False)
     assert torch.equal(mine, other)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import model_skipmiddle as sm
 from conftest import ROOT
+from generate import decode_step, generate
 
 TINY = dict(vocab_size=257, block_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=128)
 
@@ -69,7 +70,7 @@ def test_zero_gate_parameters_give_gates_of_one_and_the_dense_model():
     assert torch.equal(logits, dense(idx)[0])
     gated.train(), dense.train()
     assert torch.equal(gated(idx, idx)[1], dense(idx, idx)[1])  # coefficients 0: the regulariser adds 0
-    assert torch.equal(gated.generate(idx[:, :5], 20, temperature=0), dense.generate(idx[:, :5], 20, temperature=0))
+    assert torch.equal(generate(gated, idx[:, :5], 20, temperature=0), generate(dense, idx[:, :5], 20, temperature=0))
 
 
 @pytest.mark.parametrize("L", [4, 5, 6])
@@ -562,9 +563,9 @@ def test_closed_middle_gates_skip_the_middle_blocks_and_generation_is_unchanged(
         model.gates[1].bias.fill_(2.0)  # S >= 1 at gate 1 for every token: blocks 1 and 2 are closed
     idx = torch.randint(0, TINY["vocab_size"], (2, 9))
     calls = count_block_calls(model)
-    skip = model.generate(idx, 20, temperature=0)  # skip=True is the default
+    skip = generate(model, idx, 20, temperature=0)  # skip=True is the default
     assert calls == [20, 0, 0, 20]  # one prefill + 19 decoding steps; the closed blocks never run
-    dense = model.generate(idx, 20, temperature=0, skip=False)
+    dense = generate(model, idx, 20, temperature=0, skip=False)
     assert torch.equal(skip, dense) and calls[1] == 20
     torch.testing.assert_close(model.forward_skip(dense)[0], model(dense)[0], rtol=0, atol=eps_tolerance(model, 29))
 
@@ -576,7 +577,7 @@ def test_generation_with_skipping_runs_under_bf16_autocast():
         model.gates[1].bias.fill_(2.0)
     idx = torch.randint(0, TINY["vocab_size"], (2, 9))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model.generate(idx, 8, temperature=0)
+        out = generate(model, idx, 8, temperature=0)
     assert out.shape == (2, 17) and torch.equal(out[:, :9], idx)
 
 
@@ -623,7 +624,7 @@ def test_skipped_tokens_entries_get_no_weight():
         for t in ([4, 11], slice(15, None)):
             k[:, :, t], v[:, :, t] = 1e4, -1e4
     rest = [model.forward_skip(idx[:, 15:16], cache=cache)[0][:, 0]]  # a chunk of one, then decode steps
-    rest += [model.decode_step(idx[:, t:t + 1], torch.tensor(t), cache) for t in range(16, 20)]
+    rest += [decode_step(model, idx[:, t:t + 1], torch.tensor(t), cache) for t in range(16, 20)]
     full = model.forward_skip(idx)[0]
     assert torch.isfinite(torch.stack(rest)).all()
     torch.testing.assert_close(torch.cat([first, torch.stack(rest, dim=1)], dim=1), full, rtol=1e-5, atol=1e-5)
@@ -632,6 +633,6 @@ def test_skipped_tokens_entries_get_no_weight():
 def test_generate_with_skip_false_is_the_dense_forward():
     model = build(gate_init_std=0.3).eval()
     idx = torch.randint(0, TINY["vocab_size"], (2, 8))
-    out = model.generate(idx, 6, temperature=0, skip=False, use_cache=False)
+    out = generate(model, idx, 6, temperature=0, skip=False, use_cache=False)
     for t in range(8, 14):  # each token the argmax of forward() on the text so far, bit for bit
         assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))

@@ -8,6 +8,8 @@ import torch
 
 import model_vanilla
 import model_vertical
+from common import checked
+from generate import generate
 
 SMALL = dict(vocab_size=257, block_size=64, n_layer=6, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
 
@@ -70,9 +72,9 @@ def test_param_groups_give_the_scores_their_own_lr_and_weight_decay():
 
 def test_bad_map_or_init_is_a_clear_error():
     with pytest.raises(ValueError, match="va_map"):
-        build(model_vertical, va_map="dense")
+        checked(model_vertical.GPTConfig, **SMALL, va_map="dense")
     with pytest.raises(ValueError, match="va_init"):
-        build(model_vertical, va_init="identity")
+        checked(model_vertical.GPTConfig, **SMALL, va_init="identity")
 
 
 # ---- the mixing function (eqs. 2-4) ---------------------------------------------------------------------
@@ -138,7 +140,7 @@ def test_newest_source_map_reproduces_vanilla_exactly(fill):
     assert torch.equal(a, b) and torch.equal(loss_a, loss_b)
     assert all(torch.equal(x, y) for x, y in zip(hidden_a, hidden_b))
     prompt = idx[:, :5]  # and generation with the cache
-    assert torch.equal(vanilla.generate(prompt, 20, temperature=0), vertical.generate(prompt, 20, temperature=0))
+    assert torch.equal(generate(vanilla, prompt, 20, temperature=0), generate(vertical, prompt, 20, temperature=0))
 
 
 def test_same_seed_gives_vanilla_weights():
@@ -198,8 +200,8 @@ def test_greedy_generation_with_cache_equals_without(va_map):
     if va_map == "learned":
         set_scores(model, lambda l, i: math.cos(2 * l + 3 * i) * 3)
     prompt = torch.randint(0, 257, (2, 6))
-    assert torch.equal(model.generate(prompt, 30, temperature=0, use_cache=True),
-                       model.generate(prompt, 30, temperature=0, use_cache=False))
+    assert torch.equal(generate(model, prompt, 30, temperature=0, use_cache=True),
+                       generate(model, prompt, 30, temperature=0, use_cache=False))
 
 
 @pytest.mark.parametrize("va_map", ["learned", "unet", "inet"])

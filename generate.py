@@ -1,0 +1,121 @@
+"""
+Generation for every model file: prefill, the one-token decode step, the loop with its window rule, sampling.
+
+A model file holds what a cached forward pass needs (gpt-fast's split of model.py and generate.py): its KVCache
+(what it stores, how a step writes it, how it is emptied), the masks its attention reads, and
+forward(idx, cache=..., pos=...). This module drives it:
+    prefill      forward(window, cache=cache) writes the keys and values of the whole window into the cache;
+    decode step  forward(token, cache=cache, pos=pos) with pos a (1,) tensor: one token against the whole
+                 preallocated cache under a mask of the filled positions. The shapes are the same at every
+                 position (no .item(), no Python branch on pos), so torch.compile traces it once, and on CUDA a
+                 kernel that plans per sequence length (cuDNN) plans once;
+    the window   the model reads the last block_size tokens; when the window is full it restarts from the last
+                 block_size // 2 tokens (one new prefill per block_size // 2 tokens, not one per token). The rule
+                 is the same without the cache, so greedy tokens are the same either way;
+    the cache    allocated once per model, cache class and batch size, and reused by every prompt and every
+                 restart of the window: nothing is allocated per prompt, and a step recorded as a CUDA graph
+                 replays on the same addresses.
+The hook: a model whose generation is its method defines inference(**options) -> (forward, cache class), which
+the loop runs instead of its forward and KVCache (skipmiddle: forward_skip and SkipCache, so that tokens whose
+gate is 0 skip their blocks for real, in the prefill and in every decode step; the option is skip).
+"""
+import sys
+import weakref
+
+import torch
+
+_caches = weakref.WeakKeyDictionary()  # model -> {(cache class, batch size): cache}; freed with the model
+
+
+def inference(model, **options):
+    """(forward, cache class) that generation runs: the model file's forward and KVCache, or its hook's."""
+    if hasattr(model, "inference"):
+        return model.inference(**options)
+    if options:
+        raise TypeError(f"{type(model).__module__}.GPT takes no generation options: {', '.join(options)}")
+    return model, sys.modules[type(model).__module__].KVCache
+
+
+def cache_for(model, cache_class, batch_size, device):
+    """model's cache of cache_class for batch_size rows, emptied: made on first use, then the same tensors."""
+    caches = _caches.setdefault(model, {})
+    dtype, cache = model.lm_head.weight.dtype, caches.get((cache_class, batch_size))
+    if cache is None or (cache.k[0].device, cache.k[0].dtype) != (device, dtype):
+        cache = caches[cache_class, batch_size] = cache_class(model.config, batch_size, device, dtype)
+    cache.reset()
+    return cache
+
+
+def decode_step(model, idx, pos, cache):
+    """Logits (B, vocab) of one new token per row, idx (B, 1), at position pos (a long tensor of one element),
+    whose keys and values the model writes into cache at pos. cache.pos is the caller's to advance."""
+    with torch.no_grad():
+        logits, _ = model(idx, cache=cache, pos=pos.reshape(1))
+    return logits[:, -1]
+
+
+def compile_decode_step(model, device):
+    """decode_step() of model as one compiled graph: inductor, and on CUDA mode reduce-overhead, which records
+    the step as a CUDA graph and replays it (one launch per token instead of one per kernel). A CUDA graph
+    replays on fixed addresses and writes the cache in place, so every cache the step is given is marked static
+    first; cache_for() hands the same cache to every call, and a new one (another batch size) compiles anew.
+    The compiled function is the model's own forward: each model file's code gets its own compile cache (one
+    function shared by every model would run into dynamo's recompile limit in a process that compiles many)."""
+    forward = torch.compile(model.forward, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
+    marked = weakref.WeakSet()
+
+    def step(idx, pos, cache):
+        if cache not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
+            for tensors in vars(cache).values():
+                for t in tensors if isinstance(tensors, list) else ():
+                    torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
+            marked.add(cache)
+        with torch.no_grad():
+            logits, _ = forward(idx, cache=cache, pos=pos.reshape(1))
+        return logits[:, -1]
+    return step
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, step=None,
+             **options):
+    """Continue idx (B, T) by max_new_tokens tokens; temperature 0 is greedy decoding. With the cache, the
+    window is prefilled and every further token is one step(idx, pos, cache) (default decode_step; a script
+    passes compile_decode_step()'s); use_cache=False recomputes the whole window for every token. options go
+    to the model's inference() hook (skipmiddle: skip)."""
+    forward, cache_class = inference(model, **options)
+    step = step or (lambda token, pos, cache: decode_step(model, token, pos, cache))
+    S = model.config.block_size
+    start, cache = max(0, idx.size(1) - S), None
+    for _ in range(max_new_tokens):
+        if idx.size(1) - start > S:  # the window is full: restart it from the last half context
+            start, cache = idx.size(1) - S // 2, None
+        if not use_cache:
+            logits = forward(idx[:, start:])[0][:, -1]
+        elif cache is None:  # prefill the window
+            cache = cache_for(model, cache_class, idx.size(0), idx.device)
+            logits = forward(idx[:, start:], cache=cache)[0][:, -1]
+            pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
+        else:
+            logits = step(nxt, pos, cache)
+            cache.pos += 1
+            pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
+        nxt = sample_next(logits, temperature, top_k, top_p)  # (B, 1), contiguous: the step's input
+        idx = torch.cat((idx, nxt), dim=1)
+    return idx
+
+
+def sample_next(logits, temperature, top_k, top_p):
+    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), num_samples=1)
