@@ -15,6 +15,7 @@ is the bytes of parameters, gradients and AdamW state plus the tensors autograd 
 (the part in which the models differ). The trained results tables come from sweep.py.
 """
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -157,7 +158,7 @@ def interleaved(vanilla, run, repeats):
 def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
     """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
     skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of those forwards."""
-    if not getattr(sys.modules[type(model).__module__], "SKIPS", False) or not getattr(model, "gates", None):
+    if not hasattr(model, "inference") or not getattr(model, "gates", None):
         return {}  # a model without gates (skipmiddle-dense) has nothing to skip
     times = {True: [], False: []}
     with torch.no_grad(), ctx:
@@ -393,263 +394,6 @@ class Decoding:
         return time.perf_counter() - t0, t0
 
     def timed(self):
-        sync(self.device)
-        t0 = time.perf_counter()
-        for _ in range(self.iters):
-            self.step()
-        sync(self.device)
-        return time.perf_counter() - t0
-
-
-def interleaved(vanilla, run, repeats):
-    """Timed repeats in alternation, vanilla first and last: V M V M ... M V. Each model repeat is compared with
-    the mean of the vanilla repeats just before and after it, so that a change in the machine's load (other
-    jobs, clocks, caches) hits both sides of a ratio alike. Returns (vanilla seconds, model seconds, speed
-    ratios model / vanilla)."""
-    t_vanilla, t_model = [vanilla.timed()], []
-    for _ in range(repeats):
-        t_model.append(run.timed())
-        t_vanilla.append(vanilla.timed())
-    ratios = [(a + b) / 2 / t for a, b, t in zip(t_vanilla, t_vanilla[1:], t_model)]  # tok/s ratio = time ratio
-    return t_vanilla, t_model, ratios
-
-
-def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
-    """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
-    skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of those forwards."""
-    if not getattr(sys.modules[type(model).__module__], "SKIPS", False) or not getattr(model, "gates", None):
-        return {}  # a model without gates (skipmiddle-dense) has nothing to skip
-    times = {True: [], False: []}
-    with torch.no_grad(), ctx:
-        model.stats()  # drop the gate statistics of earlier forwards
-        for _ in range(repeats):
-            for skip in (False, True):
-                sync(device)
-                t0 = time.perf_counter()
-                generate(model, prompt, n_tokens, temperature=0, skip=skip)
-                sync(device)
-                times[skip].append(time.perf_counter() - t0)
-    dense, skipping = statistics.median(times[False]), statistics.median(times[True])
-    return {"sample_tok_s_skip": n_tokens / skipping, "sample_tok_s_dense": n_tokens / dense,
-            "skip_time_ratio": skipping / dense, "est_flops_ratio": model.stats().get("est_flops_ratio")}
-
-
-def close_gates(model, first):
-    """Every token's gate 0 from gate `first` on: a bias of 2 there puts the soft mask S (eq. 1) at 2 >= 1 for it
-    and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first to L-1-first."""
-    if not 0 <= first < len(model.gates):
-        raise ConfigError(f"--close_gates must be between 0 and {len(model.gates) - 1} for {len(model.gates)} gates")
-    with torch.no_grad():
-        for gate in model.gates:
-            gate.weight.zero_()
-            gate.bias.zero_()
-        model.gates[first].bias.fill_(2.0)
-
-
-def checkpoint_generation(args, device, ctx):
-    """--checkpoint: skip_generation() on a trained run, greedy from the first 16 tokens of its val split."""
-    if not os.path.exists(checkpoint_path(args.checkpoint)):
-        raise ConfigError(f"--checkpoint {args.checkpoint}: no checkpoint there; pass the out_dir of a training run")
-    model, _, ckpt = load_checkpoint(args.checkpoint, device)
-    model.eval()
-    meta = ckpt["meta"]
-    val = np.memmap(os.path.join(args.data_dir, meta["dataset"], "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
-    prompt = torch.from_numpy(val[:16].astype(np.int64))[None].to(device)  # (1, 16)
-    if args.close_gates >= 0:
-        close_gates(model, args.close_gates)
-    row = {"checkpoint": args.checkpoint, "steps": ckpt["iter_num"],
-           **skip_generation(model, prompt, args.sample_tokens, device, ctx)}
-    if "skip_time_ratio" not in row:
-        raise ConfigError(f"{args.checkpoint} holds a {ckpt['model_name']} model without gates: nothing to skip")
-    print(f"{args.checkpoint} (step {row['steps']}): generation {row['sample_tok_s_skip']:,.1f} tok/s skipping, "
-          f"{row['sample_tok_s_dense']:,.1f} dense: time ratio {row['skip_time_ratio']:.3f}, "
-          f"est_flops_ratio {row['est_flops_ratio']:.3f}")
-    return [row]
-
-
-def measure(label, module, shape, args, device, ctx):
-    """Parameters, peak memory and sampling speed of one model; returns the row and its warm Training, timed
-    later against vanilla's. On CUDA, memory held before this model was built (vanilla's) is not counted."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        held = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    run = Training(module, shape, args, device, ctx)
-    model, T = run.model, args.block_size
-    for _ in range(args.warmup):
-        run.step()
-    if device.type == "cuda":
-        peak_mem = torch.cuda.max_memory_allocated(device) - held
-    else:
-        peak_mem = saved_tensor_bytes(model, run.x, run.y)
-    row = {"label": label, "params": sum(p.numel() for p in model.parameters()), "peak_mem_bytes": peak_mem,
-           "flops_per_token": model.flops_per_token(T)}
-
-    model.eval()
-    prompt = torch.randint(0, run.config.vocab_size, (1, 16), device=device)
-    for use_cache in (True, False):
-        with torch.no_grad(), ctx:
-            generate(model, prompt, 4, temperature=0, use_cache=use_cache)  # warm-up
-            sync(device)
-            t0 = time.perf_counter()
-            generate(model, prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
-            sync(device)
-        row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / (time.perf_counter() - t0)
-    skipper = model
-    if args.close_gates >= 0 and getattr(model, "gates", None):
-        skipper = copy.deepcopy(model)  # the timed training keeps the gates as initialised
-        close_gates(skipper, args.close_gates)
-    row.update(skip_generation(skipper, prompt, args.sample_tokens, device, ctx))
-    model.train()
-    return row, run
-
-
-def measure_all(wanted, shape, args, device, ctx):
-    """Rows for vanilla and every wanted run. Training speed: each model's timed repeats interleaved with
-    vanilla's (see interleaved()); train_speed_ratio is the median of the per-pair ratios, with their min and
-    max; vanilla's train_tok_s is the median of all its repeats."""
-    rows, vanilla = [], None
-    for label, name, overrides in RUNS:
-        if label != "vanilla" and label not in wanted:
-            continue
-        try:
-            module = load_model_module(name)
-        except ConfigError:
-            continue  # that model file is not in this checkout
-        row, run = measure(label, module, {**shape, **overrides}, args, device, ctx)
-        if vanilla is None:
-            vanilla, row["train_seconds"] = run, []
-        else:
-            if args.warmup:
-                vanilla.step()  # building and warming this model may have evicted vanilla's caches
-            t_vanilla, row["train_seconds"], row["train_speed_ratios"] = interleaved(vanilla, run, args.repeats)
-            rows[0]["train_seconds"] += t_vanilla
-        del run
-        rows.append(row)
-        print(f"  measured {label}", file=sys.stderr)
-    base = rows[0]
-    if not base["train_seconds"]:  # vanilla alone
-        base["train_seconds"] = [vanilla.timed() for _ in range(args.repeats)]
-    flops = peak_flops(device, 0.0)
-    for r in rows:
-        r["train_tok_s"] = args.batch_size * args.block_size * args.iters / statistics.median(r["train_seconds"])
-        r["mfu"] = r["flops_per_token"] * r["train_tok_s"] / flops if flops else None
-        ratios = r.get("train_speed_ratios", [1.0])
-        r["train_speed_ratio"] = statistics.median(ratios)
-        r["train_speed_ratio_min"], r["train_speed_ratio_max"] = min(ratios), max(ratios)
-        r["extra_params"] = r["params"] - base["params"]
-        r["peak_mem_ratio"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
-        r["cache_speedup"] = r["sample_tok_s_cache"] / r["sample_tok_s_nocache"]
-    return rows
-
-
-def print_measurements(rows):
-    header = (f"{'model':<17}{'params':>12}{'extra':>12}{'train tok/s':>13}{'x vanilla (min-max)':>22}"
-              f"{'peak MB':>10}{'x vanilla':>10}{'MFU':>7}{'sample tok/s':>14}{'no cache':>10}")
-    print(header)
-    for r in rows:
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        speed = f"{r['train_speed_ratio']:.3f}"
-        if "train_speed_ratios" in r:
-            speed += f" ({r['train_speed_ratio_min']:.2f}-{r['train_speed_ratio_max']:.2f})"
-        print(f"{r['label']:<17}{r['params']:>12,}{r['extra_params']:>12,}{r['train_tok_s']:>13,.0f}{speed:>22}"
-              f"{r['peak_mem_bytes'] / 2**20:>10.1f}{r['peak_mem_ratio']:>10.3f}"
-              f"{mfu:>7}{r['sample_tok_s_cache']:>14,.1f}{r['sample_tok_s_nocache']:>10,.1f}")
-    for r in rows:
-        if "skip_time_ratio" in r:  # greedy generation, B=1, with the cache
-            print(f"{r['label']}: generation {r['sample_tok_s_skip']:,.1f} tok/s skipping, {r['sample_tok_s_dense']:,.1f} "
-                  f"dense: time ratio {r['skip_time_ratio']:.3f}, est_flops_ratio {r['est_flops_ratio']:.3f}")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# --decode: generation speed, eager and compiled
-
-def measure_decoding(wanted, shape, batches, args, device, ctx):
-    """Rows per (label, mode, batch), timed in --repeats rounds, each round every case once in turn, so that a
-    change in the machine's load hits all alike. decode_ratio: per round, vanilla's seconds per step (same mode
-    and batch) over this case's, i.e. its decode speed as a fraction of vanilla's: median, min and max over the
-    rounds; baseline_ratio the same against the --baseline checkout's eager generate(), skip_ratio (models that
-    skip) against the same model's generation without skipping. batches: the batch sizes (check_decode_options)."""
-    cases, compile_s = decode_cases(wanted, shape, batches, args, device, ctx)
-    for case in cases.values():
-        case.timed()  # warm-up: caches allocated, kernels chosen
-    times = {key: [] for key in cases}
-    for _ in range(args.repeats):
-        for key, case in cases.items():
-            times[key].append(case.timed())
-    rows = []
-    for (label, mode, batch), t in times.items():
-        first = statistics.median(f for f, _ in t)
-        step = [s for _, s in t]
-        row = {"label": label, "mode": mode, "batch": batch, "time_to_first_token_s": first,
-               "prefill_tok_s": batch * args.prompt_tokens / first, "decode_tok_s": batch / statistics.median(step),
-               "compile_s": compile_s.get((label, batch)) if mode == "compiled" else None, "step_seconds": step}
-        for name, ref in (("decode_ratio", ("vanilla", mode, batch)), ("baseline_ratio", (label, "baseline", batch)),
-                          ("skip_ratio", (f"{label} (skip=False)", mode, batch))):
-            if ref in times and mode != "baseline":
-                ratios = [r / s for (_, r), s in zip(times[ref], step)]
-                row.update({name: statistics.median(ratios), f"{name}_min": min(ratios), f"{name}_max": max(ratios)})
-        rows.append(row)
-    return rows
-
-
-def decoding_table(rows, args):
-    """The rows as a Markdown table: per model and batch size, eager and compiled side by side."""
-    lines = ["| model | batch | prefill tok/s | first token ms | decode tok/s eager | compiled | compiled x vanilla "
-             "(min-max) | compile s |" + (" eager x baseline | compiled x baseline |" if args.baseline else ""),
-             "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if args.baseline else "")]
-    by = {(r["label"], r["mode"], r["batch"]): r for r in rows}
-    for (label, mode, batch), r in by.items():
-        if mode != "eager":
-            continue
-        c = by[label, "compiled", batch]
-        cells = [label, batch, f"{r['prefill_tok_s']:,.0f}", f"{1000 * r['time_to_first_token_s']:.1f}",
-                 f"{r['decode_tok_s']:,.0f}", f"{c['decode_tok_s']:,.0f}",
-                 f"{c['decode_ratio']:.2f} ({c['decode_ratio_min']:.2f}-{c['decode_ratio_max']:.2f})",
-                 f"{c['compile_s']:.1f}"]
-        if args.baseline:
-            cells += [f"{r['baseline_ratio']:.2f} ({r['baseline_ratio_min']:.2f}-{r['baseline_ratio_max']:.2f})",
-                      f"{c['baseline_ratio']:.2f} ({c['baseline_ratio_min']:.2f}-{c['baseline_ratio_max']:.2f})"]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    notes = [f"{r['label']}, batch {r['batch']}, {r['mode']}: decode with skipping {r['skip_ratio']:.2f}x "
-             f"({r['skip_ratio_min']:.2f}-{r['skip_ratio_max']:.2f}) as fast as without" for r in rows if "skip_ratio" in r]
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
-
-
-class Decoding:
-    """Greedy generation of one model at one batch size with a given decode step (eager or compiled; None: the
-    model's own generate() as it is, a --baseline's). timed() generates 1 + n tokens after the prompt and splits
-    the time where the first decode step starts, once the first token is sampled: (seconds to the first token,
-    the prefill and its sampling; seconds per decode step)."""
-
-    def __init__(self, model, step, batch, args, device, ctx, **kwargs):
-        self.model, self.step, self.kwargs, self.n = model, step, kwargs, args.decode_tokens
-        self.device, self.ctx = device, ctx
-        g = torch.Generator().manual_seed(batch)
-        self.prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), generator=g).to(device)
-
-    def generate(self, n, on_step=None):
-        """Seconds of one generate() of n tokens; on_step() is called before every decode step."""
-        if self.step is not None:
-            self.model.decode_step = self.step if on_step is None else lambda *a: (on_step(), self.step(*a))[1]
-        hook, calls = None, []
-
-        def count(module, args):  # a baseline's generate(): every forward pass embeds its tokens once, and every
-            calls.append(1)       # one after the prefill's is a decode step, whichever method it goes through
-            if len(calls) > 1:
-                on_step()
-        if self.step is None and on_step is not None:
-            hook = self.model.tok_emb.register_forward_pre_hook(count)
-        sync(self.device)
-        t0 = time.perf_counter()
-        with torch.no_grad(), self.ctx:
-            self.model.generate(self.prompt, n, temperature=0, **self.kwargs)
-        sync(self.device)
-        if hook is not None:
-            hook.remove()
-        return time.perf_counter() - t0, t0
-
-    def timed(self):
         first = []
 
         def on_step():
@@ -686,11 +430,11 @@ def decode_cases(wanted, shape, batches, args, device, ctx):
         torch.manual_seed(0)
         model = module.GPT(module.GPTConfig(**shape, **overrides)).to(device).eval()
         variants = {label: {}}
-        if getattr(module, "SKIPS", False) and getattr(model, "gates", None):
+        if hasattr(module.GPT, "inference") and getattr(model, "gates", None):
             variants = {label: dict(skip=True), f"{label} (skip=False)": dict(skip=False)}
             if args.close_gates >= 0:
                 close_gates(model, args.close_gates)
-        eager = lambda idx, pos, cache, model=model: decode_step(model, idx, pos, cache)  # noqa: E731
+        eager = functools.partial(decode_step, model)
         compiled = compile_decode_step(model, device)
         base = load_baseline(args.baseline, name, model, {**shape, **overrides}) if args.baseline else None
         for variant, kwargs in variants.items():

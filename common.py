@@ -3,10 +3,11 @@ What train.py, sample.py, eval.py, bench.py, sweep.py and prepare.py share: opti
 device, prepared data and checkpoints.
 
 Options. Every script declares its options once, as the fields of a dataclass made with option() (the same
-helper the model files use for their GPTConfig): default, --help text and constraints side by side. parse()
-turns those dataclasses into one command line, and check_config() applies the constraints, to values from
-config files too, before the dataclass is built (its __post_init__ keeps only the rules across fields). Only leading arguments are config files (`train.py
-config/x.py --max_iters 10`): a value such as `--out_dir run.py` is a value.
+helper the model files use for their GPTConfig): default, --help text and constraints side by side. The
+parsers turn those dataclasses into one command line, and checked() applies the constraints, to values from
+config files too, before the dataclass is built (its __post_init__ keeps only the rules across fields). Only
+leading arguments are config files (`train.py config/x.py --max_iters 10`): a value such as `--out_dir run.py`
+is a value.
 
 Errors. A mistake in the user's input raises ConfigError; main_boundary() turns it, and the other failures
 the user can fix (a file that cannot be written: disk full, read-only folder), into one `error: ...` line and

@@ -19,6 +19,7 @@ The hook: a model whose generation is its method defines inference(**options) ->
 the loop runs instead of its forward and KVCache (skipmiddle: forward_skip and SkipCache, so that tokens whose
 gate is 0 skip their blocks for real, in the prefill and in every decode step; the option is skip).
 """
+import functools
 import sys
 import weakref
 
@@ -84,7 +85,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     passes compile_decode_step()'s); use_cache=False recomputes the whole window for every token. options go
     to the model's inference() hook (skipmiddle: skip)."""
     forward, cache_class = inference(model, **options)
-    step = step or (lambda token, pos, cache: decode_step(model, token, pos, cache))
+    step = step or functools.partial(decode_step, model)
     S = model.config.block_size
     start, cache = max(0, idx.size(1) - S), None
     for _ in range(max_new_tokens):

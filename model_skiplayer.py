@@ -46,7 +46,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODIFIED = ("GPTConfig", "CausalSelfAttention", "Block", "GPT")  # components that differ from model_vanilla.py
+MODIFIED = ("GPTConfig", "GPTConfig.__post_init__", "CausalSelfAttention.__init__",
+            "CausalSelfAttention.forward", "Block.forward", "GPT.forward")  # differ from model_vanilla.py
 VARIANTS = {"mha": dict(n_kv_head=4), "ala": dict(ala_every=1)}  # configurations the contract suite also tests
 # the Vertical Attention paper's (n_l, n_h) at its sizes (section 4.1); train.py's --size applies them
 SIZE_DEFAULTS = {"50m": dict(skip_layers=4, skip_heads=1), "100m": dict(skip_layers=6, skip_heads=3),

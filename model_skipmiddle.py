@@ -19,7 +19,6 @@ With zero gate parameters every gate is exactly 1 and the model is the dense san
 
 Interpretations:
 - Eq. 3 biases the KEY position; the reference adds ln g per QUERY row, where the softmax cancels it (a no-op).
-- The bias rides inside the keys (gate_into_keys): plain causal GQA attention, flash-eligible; hd padded to 8k.
 - The bias is differentiable: the gate also learns through attention (eq. 3 as written).
 - The gate reads the raw residual stream entering its block (as the reference does), not a normalised copy.
 - Odd L: the middle block has a gate of its own and is its own mirror.
@@ -27,26 +26,22 @@ Interpretations:
 - Controller: statistics of the optimiser step's global batch (all micro-steps and ranks); symmetric rule.
 - Coefficients start at 0 and are saved in checkpoints; the targets follow from the config (L <= 2: target 1).
 - Init: normal(0, 0.02) without 1/sqrt(2L) (the post-norms rescale); gates N(0, gate_init_std), biases 0.
-- Gate statistics live in plain attributes (DDP broadcasts buffers) and every after_step() clears them.
-- stats(): per gated block mean gate, zero fraction, alpha, beta; est_flops_ratio as the paper's Fig. 2.
-- depth_map(): (L, 1), the mean gate of every block, from the same statistics as stats().
-- Training runs every block for every token (a skipped token's output times 0); inference skips for real.
-- Skipping (forward_skip, generate(skip=True)): a skipped key gets weight 0, not the eps floor's exp(s) * 1e-6.
+- Training runs every block for every token (a skipped token's output times 0); inference skips for real, and
+  there a skipped key gets weight 0, not the eps floor's exp(s) * 1e-6 (SkipCache).
 - Step 0 from a pretrained model (train.py --init_from): not function-preserving: the embedding norm, the norms
   after each module and the random gates are new (tests/test_hf.py).
-- decode_step: the gate bias rides in the mask it needs anyway; skipping, a block no row runs is a torch.cond.
 Extra parameters: (d+1) * ceil(L/2) gate parameters with gated=True (0 with gated=False), 2 d per block for the
 output norms, d for the embedding norm. MODIFIED names the components that differ from model_vanilla.py.
 """
-import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODIFIED = ("GPTConfig", "KVCache", "CausalSelfAttention", "Block", "GPT")  # differ from model_vanilla.py
-SKIPS = True  # generate(skip=...) and forward_skip(): tokens whose gate is 0 skip their blocks for real
+MODIFIED = ("GPTConfig", "KVCache", "KVCache.__init__", "KVCache.reset", "KVCache.update",
+            "CausalSelfAttention.forward", "Block", "Block.__init__", "Block.forward", "GPT", "GPT.__init__",
+            "GPT.forward", "GPT.param_groups", "GPT.flops_per_token")  # components that differ from model_vanilla.py
 VARIANTS = {"dense": dict(gated=False)}  # configurations the contract suite also tests
 GATE_EPS = 1e-6  # lower bound on g before the log of gated attention (paper section 2.2)
 
@@ -133,8 +128,7 @@ class KVCache:
         self.pos = 0  # number of tokens already in the cache (forward() advances it; generate.py after a step)
 
     def reset(self):
-        """Empty the cache for a new prompt (generate.py reuses it). The old keys are masked (after pos); the gates
-        are zeroed, since a layer that no token runs writes none (SkipCache)."""
+        """Empty the cache for a new prompt: old keys are masked (after pos), gates zeroed (no token ran: SkipCache)."""
         self.pos = 0
         for g in self.g:
             g.zero_()
@@ -445,12 +439,9 @@ class GPT(nn.Module):
             coef.add_(c.gate_gamma * (dev.abs() > c.gate_delta) * dev)
 
     def _gate_summary(self, consume):
-        if self._eval_sums is not None:
-            sums = self._eval_sums
-            if consume:
-                self._eval_sums = None
-            return self._summary(sums)
-        return self._last_step
+        """(mean, var, zero fraction) of the eval forwards since the last stats(), else of the last optimiser step."""
+        sums, self._eval_sums = self._eval_sums, None if consume else self._eval_sums
+        return self._last_step if sums is None else self._summary(sums)
 
     def stats(self):
         """Per gated block l: mean gate, fraction of zero gates, alpha, beta; est_flops_ratio (docs/skipmiddle.md).
@@ -476,7 +467,7 @@ class GPT(nn.Module):
         return out
 
     def depth_map(self):
-        """(L, 1): the mean gate of every block over the recorded forwards (see the docstring)."""
+        """(L, 1): the mean gate of every block over the recorded forwards (as stats())."""
         if not self.config.gated:
             return torch.ones(self.config.n_layer, 1)
         summary = self._gate_summary(consume=False)
@@ -524,11 +515,11 @@ class GPT(nn.Module):
         return (self.forward_skip, SkipCache) if skip and self.config.gated else (self, KVCache)
 
     @torch.no_grad()
-    def forward_skip(self, idx, targets=None, cache=None):
+    def forward_skip(self, idx, cache=None):
         """Inference that really skips: at every block only the tokens whose gate is > 0 run it (gathered per row,
         padded to the row with the most, scattered back); a token with g == 0 keeps its stream, as the multiply
         by 0 of forward() gives, and leaves no visible key (see SkipCache). A block no token runs is not
-        computed at all. Returns (logits, loss) like forward(); a fresh cache is used if none is given."""
+        computed at all. Returns (logits, None) like forward(); a fresh cache is used if none is given."""
         B, T = idx.shape
         cache = cache if cache is not None else SkipCache(self.config, B, idx.device, self.lm_head.weight.dtype)
         past = cache.pos
@@ -562,19 +553,14 @@ class GPT(nn.Module):
             out = block(xs, cos, sin, cache, g.gather(1, order), pos)                # (B, N, d)
             x = x.scatter(1, index, torch.where(valid[..., None], out, xs))          # padding writes back xs
         cache.pos += T
-        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        return logits, loss
+        return self.lm_head(self.norm(x)), None  # (B, T, vocab)
 
     @torch.no_grad()
     def decode_step_skip(self, idx, pos, cache):
-        """A decode step (forward() with pos) with a SkipCache: logits (B, 1, vocab); a block runs only if some row's gate is > 0 (the others keep their
-        stream and leave a gate of 0, which hides their key); a block no row runs is not computed. Under
-        torch.compile that branch is a torch.cond, so the step stays one graph with static shapes and no .item();
-        in eager mode it is a Python if on the gate (torch.cond outside torch.compile traces its branches again
-        at every call, slower than the block it would save)."""
+        """A decode step (forward() with pos) with a SkipCache, logits (B, 1, vocab): a block runs only if some row's
+        gate is > 0 (the others keep their stream and leave a gate of 0, which hides their key); a block no row runs
+        is not computed: under torch.compile a torch.cond (one graph, static shapes, no .item()), in eager mode a
+        Python if (torch.cond outside torch.compile traces its branches at every call, slower than the block)."""
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2)
         x = self.emb_norm(self.tok_emb(idx))  # (B, 1, d)
         gates, S = [], 0.0
@@ -595,9 +581,7 @@ class GPT(nn.Module):
 
 
 class SkipCache(KVCache):
-    """The cache of forward_skip() and of decode_step_skip() (inference that really skips, continued):
-    KVCache's buffers, in which a gate of 0 means that the token did not run that layer and left no key there.
-    The mask hides such a key (weight exactly 0, where forward() gives it the eps floor's weight). Gates start
-    at 0, so a layer that no token ran at a position hides that position without a write."""
+    """KVCache for inference that really skips: a gate of 0 means that the token did not run that layer and left no
+    key there, which the mask hides (weight exactly 0); gates start at 0, so such a position needs no write."""
 
 

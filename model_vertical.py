@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODIFIED = ("GPTConfig", "GPT")  # components that differ from model_vanilla.py (new ones: the three before GPT)
+MODIFIED = ("GPTConfig", "GPT.__init__", "GPT.forward", "GPT.param_groups")  # differ from model_vanilla.py
 VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": dict(va_init="recent")}
 
 

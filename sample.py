@@ -72,7 +72,7 @@ def main(argv):
     if len(ids) > block_size:
         raise ConfigError(f"the prompt is {len(ids)} tokens but the model's context is {block_size}; "
                           "shorten --start")
-    skips = getattr(module, "SKIPS", False)  # the model file says whether generate() can skip blocks
+    skips = hasattr(module.GPT, "inference")  # generation options of the model file's own (skipmiddle: skip)
     if not skips and "skip" in explicit_options(argv):
         print(f"note: --skip is ignored: model_{ckpt['model_name']}.py has no skipping", file=sys.stderr)
     print(f"# {cfg.out_dir}: model_{ckpt['model_name']}.py, {describe_run(ckpt)}", file=sys.stderr)

@@ -2,6 +2,7 @@
 preallocated cache, a mask of the filled positions, the position as a tensor). Greedy tokens equal full
 recomputation (use_cache=False) in float32 and float64, eager and under torch.compile (inductor), also past
 block_size where the window restarts; compiled, the step is one graph that does not recompile from token to token."""
+import functools
 import importlib
 
 import pytest
@@ -43,7 +44,7 @@ def skip_modes(model):
 
 
 def eager(model):
-    return lambda idx, pos, cache: decode_step(model, idx, pos, cache)
+    return functools.partial(decode_step, model)
 
 
 def spy_positions(step):

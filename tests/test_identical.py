@@ -1,5 +1,7 @@
 """Components a method does not change keep model_vanilla.py's text exactly, so that
-`diff model_vanilla.py model_X.py` shows the method and nothing else."""
+`diff model_vanilla.py model_X.py` shows the method and nothing else. A component is a top-level function, a
+class without its methods (its docstring, fields and class attributes), or a method: "GPT" and "GPT.forward"
+are two components, so a method that changes GPT's forward still has vanilla's param_groups pinned."""
 import ast
 import os
 
@@ -9,11 +11,21 @@ from conftest import ROOT, model_names
 
 
 def components(name):
-    """Top-level classes and functions of model_<name>.py -> their source text; and its MODIFIED tuple."""
+    """Components of model_<name>.py -> their source text; its MODIFIED tuple; its imports."""
     source = open(os.path.join(ROOT, f"model_{name}.py")).read()
     tree = ast.parse(source)
-    parts = {n.name: ast.get_source_segment(source, n) for n in tree.body
-             if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    parts = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            parts[node.name] = ast.get_source_segment(source, node)
+        elif isinstance(node, ast.ClassDef):
+            methods = [m for m in node.body if isinstance(m, ast.FunctionDef)]
+            lines = ast.get_source_segment(source, node).splitlines()
+            for m in methods:  # the class without its methods, which are components of their own
+                first = (m.decorator_list[0] if m.decorator_list else m).lineno - node.lineno
+                lines[first:m.end_lineno - node.lineno + 1] = [None] * (m.end_lineno - node.lineno + 1 - first)
+                parts[f"{node.name}.{m.name}"] = ast.get_source_segment(source, m)
+            parts[node.name] = "\n".join(line for line in lines if line is not None).rstrip()
     modified = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                     and any(getattr(t, "id", None) == "MODIFIED" for t in n.targets))
     imports = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
@@ -33,6 +45,18 @@ def test_unchanged_components_are_identical(name):
             assert parts[component] != text, f"{component} is listed in MODIFIED but equals vanilla's"
         else:
             assert parts[component] == text, f"{component} differs from model_vanilla.py; list it in MODIFIED"
+
+
+def test_a_changed_method_is_seen_inside_an_unchanged_class():
+    """The check above can fail on a method alone: vanilla's GPT with param_groups changed differs only there."""
+    source = open(os.path.join(ROOT, "model_vanilla.py")).read()
+    changed = source.replace("never on norms or biases.", "never on norms.")
+    assert changed != source
+    tree, text = ast.parse(changed), changed
+    gpt = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GPT")
+    method = next(m for m in gpt.body if isinstance(m, ast.FunctionDef) and m.name == "param_groups")
+    assert ast.get_source_segment(text, method) != VANILLA["GPT.param_groups"]
+    assert "GPT.param_groups" in VANILLA and "GPT.forward" in VANILLA and "GPT" in VANILLA
 
 
 @pytest.mark.parametrize("name", model_names())
