@@ -327,6 +327,16 @@ def tokens_per_step(folder):
         return None
 
 
+def pyplot_for(plot):
+    """matplotlib.pyplot where --plot asks for figures (auto: where matplotlib is installed), else None."""
+    if plot == "false":
+        return None
+    plt = import_pyplot()
+    if plt is None and plot == "true":
+        raise ConfigError("--plot needs matplotlib: pip install matplotlib")
+    return plt
+
+
 def plot_curves(plt, runs, path):
     """The training loss (thin line) and validation loss (dots) of every run, one colour per run, against tokens
     seen, or against steps when a run's tokens per step are unknown. Returns the (closed) figure."""
@@ -370,9 +380,7 @@ def curves(args):
         if r["train"]:
             line += f", last training loss {r['train'][-1][1]:.4f}"
         print(line)
-    plt = import_pyplot() if args.plot is not False else None
-    if plt is None and args.plot is True:
-        raise ConfigError("--plot needs matplotlib: pip install matplotlib")
+    plt = pyplot_for(args.plot)
     if plt is None:
         if args.plot == "auto":
             print("note: PNG skipped, matplotlib is not installed (pip install matplotlib)")
@@ -683,11 +691,7 @@ def main(argv):
     if args.lm_eval:
         import_lm_eval()  # fail before any work when it is missing
     mc_items = read_mc(args.mc) if args.mc else None
-    plt = None
-    if args.plot != "false" and (args.logit_lens or args.depth_map):
-        plt = import_pyplot()
-        if plt is None and args.plot == "true":
-            raise ConfigError("--plot needs matplotlib: pip install matplotlib")
+    plt = pyplot_for(args.plot) if args.logit_lens or args.depth_map else None
     device = resolve_device(args.device)
     ctx = autocast(device, resolve_dtype(args.dtype, device))
     results = []

@@ -476,7 +476,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
     if figure and runs and "x" in sweep:
         plot_ablation(sweep, rows, runs, xs, configs, path)
     elif figure and runs:
-        plot_curves(sweep, rows, runs, path)
+        plot_results(sweep, rows, runs, path)
     return rows
 
 
@@ -601,7 +601,7 @@ def delta_panel(ax, rows, colour, models, reference):
     ax.grid(alpha=0.3, axis="x")
 
 
-def plot_curves(sweep, rows, runs, path):
+def plot_results(sweep, rows, runs, path):
     """The main table: validation curves (mean over seeds; vanilla bold black with its seeds' range) from the
     first evaluation after the start, a zoom on the last 40% of the run, and the paired differences to vanilla
     with their 2-SE bars; labels grouped and coloured by paper."""

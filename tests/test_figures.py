@@ -168,6 +168,9 @@ def test_curves_default_path_and_steps_without_a_checkpoint(plt, tmp_path, capsy
     r = evalpy.read_run_log(str(run_dir))
     r["label"] = "logs_only"
     assert evalpy.plot_curves(plt, [r], tmp_path / "x.png").axes[0].get_xlabel().startswith("step")
+    (run_dir / "curves.png").unlink()
+    evalpy.main(["--curves", str(run_dir), "--plot", "false"])  # the line per run, and no figure
+    assert "logs_only: 10 steps" in capsys.readouterr().out and not (run_dir / "curves.png").exists()
 
 
 def test_curves_errors(tmp_path):
