@@ -30,7 +30,7 @@ import torch
 
 from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, hardware_name,
                     load_checkpoint, load_model_module, main_boundary, option, parse_simple, peak_flops,
-                    resolve_device, resolve_dtype, update_readme)
+                    resolve_device, resolve_dtype, synchronize, update_readme)
 from generate import compile_decode_step, decode_step, generate
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
@@ -105,11 +105,6 @@ def saved_tensor_bytes(model, x, y):
     return sum(seen.values()) + 4 * params  # + parameters, gradients, AdamW's two moments
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 class Training:
     """One model with its AdamW optimiser and one fixed random batch: step() is a training step, timed() the
     seconds of --iters of them."""
@@ -134,11 +129,11 @@ class Training:
             self.model.after_step()
 
     def timed(self):
-        sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         for _ in range(self.iters):
             self.step()
-        sync(self.device)
+        synchronize(self.device)
         return time.perf_counter() - t0
 
 
@@ -165,10 +160,10 @@ def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
         model.stats()  # drop the gate statistics of earlier forwards
         for _ in range(repeats):
             for skip in (False, True):
-                sync(device)
+                synchronize(device)
                 t0 = time.perf_counter()
                 generate(model, prompt, n_tokens, temperature=0, skip=skip)
-                sync(device)
+                synchronize(device)
                 times[skip].append(time.perf_counter() - t0)
     dense, skipping = statistics.median(times[False]), statistics.median(times[True])
     return {"sample_tok_s_skip": n_tokens / skipping, "sample_tok_s_dense": n_tokens / dense,
@@ -231,10 +226,10 @@ def measure(label, module, shape, args, device, ctx):
     for use_cache in (True, False):
         with torch.no_grad(), ctx:
             generate(model, prompt, 4, temperature=0, use_cache=use_cache)  # warm-up
-            sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             generate(model, prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
-            sync(device)
+            synchronize(device)
         row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / (time.perf_counter() - t0)
     skipper = model
     if args.close_gates >= 0 and getattr(model, "gates", None):
@@ -381,14 +376,14 @@ class Decoding:
                 on_step()
         if self.step is None and on_step is not None:
             hook = self.model.tok_emb.register_forward_pre_hook(count)
-        sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         with torch.no_grad(), self.ctx:
             if self.step is None and hasattr(self.model, "generate"):  # a checkout whose model files generate
                 self.model.generate(self.prompt, n, temperature=0, **self.kwargs)
             else:
                 generate(self.model, self.prompt, n, temperature=0, step=step, **self.kwargs)
-        sync(self.device)
+        synchronize(self.device)
         if hook is not None:
             hook.remove()
         return time.perf_counter() - t0, t0
@@ -398,7 +393,7 @@ class Decoding:
 
         def on_step():
             if not first:  # once: a synchronisation per step would hold the GPU back
-                sync(self.device)
+                synchronize(self.device)
                 first.append(time.perf_counter())
         total, t0 = self.generate(1 + self.n, on_step)
         return first[0] - t0, (t0 + total - first[0]) / self.n

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import sys
+import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -51,6 +52,11 @@ class ConfigError(Exception):
     """A mistake in the user's input (or a failure the user can fix), reported as one line."""
 
 
+class RunError(Exception):
+    """A run that failed while it ran (out of memory, a diverged loss, an interruption), reported as one line that
+    says what is kept."""
+
+
 def fail(message):
     if os.environ.get("RANK", "0") == "0":  # under torchrun every process fails alike: one line is enough
         print(f"error: {message}", file=sys.stderr)
@@ -61,7 +67,7 @@ def main_boundary(main):
     """Run main(argv) as a script: the expected failure classes end in one `error:` line, the rest in a traceback."""
     try:
         main(sys.argv[1:])
-    except ConfigError as e:
+    except (ConfigError, RunError) as e:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         fail(str(e))
@@ -330,6 +336,14 @@ def resolve_dtype(name, device):
     return name
 
 
+def synchronize(device):
+    """Wait for the work queued on device (CUDA, MPS); a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def autocast(device, dtype):
     """The mixed-precision context of a resolved dtype: bf16 autocast, or nothing for float32."""
     return nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
@@ -419,13 +433,6 @@ def check_splits(data_dir, dataset, meta, block_size, vocab_size):
 def open_split(data_dir, dataset, split, meta):
     # a fresh memmap per call: numpy's memmap otherwise holds pages and leaks memory over long runs
     return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
-
-
-def windows(data, offsets, T):
-    """(x, y) of the windows of T + 1 tokens at offsets: inputs and next-token targets, each (len(offsets), T)."""
-    x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in offsets.tolist()])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in offsets.tolist()])
-    return x, y
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -571,35 +578,49 @@ def settle_log(out_dir, resume_step):
 
 
 class Log:
-    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the steps since the last record."""
+    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the training time since the last
+    record. The clock runs from start_clock() to stop_clock() or the next train_record(), each of which waits for
+    the device: the time includes the GPU's queued work, and the device is synchronised only there."""
 
-    def __init__(self, cfg, model_args, master, raw_model, world, accum, B, T, device, dtype, start):
+    def __init__(self, cfg, model_args, raw_model, proc, start):
         from tqdm import tqdm
-        self.master, self.path = master, os.path.join(cfg.out_dir, "log.jsonl")
-        self.tokens_per_step = world * accum * B * T
-        self.run = {"world": world, "gradient_accumulation_steps": world * accum, "device": str(device),
-                    "dtype": dtype, "tokens_per_step": self.tokens_per_step}
-        self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(device, cfg.peak_flops) * world
-        self.seconds, self.tokens, self.wandb = 0.0, 0, None
-        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not master, dynamic_ncols=True)
-        if master:
+        T = model_args["block_size"]
+        self.master, self.path, self.device = proc.rank == 0, os.path.join(cfg.out_dir, "log.jsonl"), proc.device
+        self.tokens_per_step = proc.world * proc.accum * cfg.batch_size * T
+        self.run = {"world": proc.world, "gradient_accumulation_steps": proc.world * proc.accum,
+                    "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
+        self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
+        self.seconds, self.tokens, self.t0, self.wandb = 0.0, 0, None, None
+        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not self.master, dynamic_ncols=True)
+        if self.master:
             self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
-                           f"{world} process(es) x {accum} micro-steps x {B} x {T} tokens | {device} {dtype}")
-        if master and cfg.wandb_log:
+                           f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
+                           f"{proc.device} {proc.dtype}")
+        if self.master and cfg.wandb_log:
             import wandb
             self.wandb = wandb
             wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
                        config={**dataclasses.asdict(cfg), **model_args})
 
-    def step_done(self, seconds, device):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        self.seconds, self.tokens = self.seconds + seconds, self.tokens + self.tokens_per_step
+    def start_clock(self):
+        if self.t0 is None:
+            synchronize(self.device)
+            self.t0 = time.perf_counter()
+
+    def stop_clock(self):
+        if self.t0 is not None:
+            synchronize(self.device)
+            self.seconds, self.t0 = self.seconds + time.perf_counter() - self.t0, None
+
+    def step_done(self):
+        self.tokens += self.tokens_per_step
         self.bar.update(1)
 
     def train_record(self, step, loss, lr):
+        self.stop_clock()
         tok_s = self.tokens / self.seconds
         self.seconds, self.tokens = 0.0, 0
+        self.start_clock()
         return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
                 **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
 

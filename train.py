@@ -21,16 +21,16 @@ import importlib.util
 import math
 import os
 import signal
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import hf
-from common import (SIZES, ConfigError, Log, autocast, build_model, check_resume, check_splits,
+from common import (DTYPES, SIZES, ConfigError, Log, RunError, autocast, build_model, check_resume, check_splits,
                     load_state, lock_out_dir, main_boundary, model_names, open_split, option, parse_model_options,
-                    read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log, windows)
+                    read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log)
 
 
 @dataclass
@@ -72,9 +72,9 @@ class TrainConfig:
     # system
     seed: int = option(1337, "initialisation, dropout and the order of the training windows", min=0, max=2**32 - 1)
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
-    dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32",
-                        choices=("auto", "float32", "bfloat16"))
-    compile: bool = option(False, "torch.compile the model")
+    dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
+    compile: bool = option(None, "torch.compile the model; not given: on where a CUDA device trains (eager, a GPU "
+                           "step took 1.8x nanoGPT's compiled one), off on CPU and MPS")
     peak_flops: float = option(0.0, "the device's peak FLOP/s for MFU; 0 = look the GPU up in a table", min=0)
 
     def __post_init__(self):  # the rules across fields; each field's own are checked first (common.checked)
@@ -122,6 +122,42 @@ def read_run(cfg, model_args, module, explicit, meta):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# the data, and this process's place in the run
+
+@dataclass
+class Process:
+    """This process: one, or one of torchrun's world; accum is its own share of the micro-steps."""
+    world: int
+    rank: int
+    accum: int
+    device: torch.device
+    dtype: str
+
+    @property
+    def ctx(self):
+        return autocast(self.device, self.dtype)
+
+
+def get_batch(cfg, meta, split, offsets, T, device):
+    """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens of data/<dataset>/<split>.bin that
+    start at offsets, as inputs and next-token targets. A fresh memmap per call: numpy's would hold pages and grow
+    over a long run. On CUDA the batch is pinned first, so that its copy to the GPU does not block."""
+    data = open_split(cfg.data_dir, cfg.dataset, split, meta)
+    x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in offsets.tolist()])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in offsets.tolist()])
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def train_offsets(n_tokens, T, seed, step, n_windows):
+    """The offsets of every window of one optimiser step, over all processes and micro-steps: drawn from (seed,
+    step), so that ranks never share a window and a resumed run draws what the uninterrupted run would have."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randint(n_tokens - T - 1, (n_windows,), generator=g)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # the pieces of a step
 
 def lr_factor(it, cfg):
@@ -137,26 +173,21 @@ def lr_factor(it, cfg):
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
 
 
-def train_offsets(n_tokens, T, seed, step, n_windows):
-    """The offsets of every window of one optimiser step, over all processes and micro-steps: drawn from (seed,
-    step), so that ranks never share a window and a resumed run draws what the uninterrupted run would have."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return torch.randint(n_tokens - T - 1, (n_windows,), generator=g)
-
-
 @torch.no_grad()
-def evaluate(model, val, T, n_windows, batch_size, rank, world, device, ctx):
-    """Mean loss on a fixed set of validation windows (the same every call), shared out across ranks."""
-    offsets = torch.randint(len(val) - T - 1, (n_windows,), generator=torch.Generator().manual_seed(0))
-    mine = offsets[rank::world]
+def evaluate(model, cfg, meta, T, proc):
+    """Mean loss on a fixed set of eval_iters * batch_size validation windows (the same every call), shared out
+    across ranks."""
+    B, n_val = cfg.batch_size, len(open_split(cfg.data_dir, cfg.dataset, "val", meta))
+    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * B,), generator=torch.Generator().manual_seed(0))
+    mine = offsets[proc.rank::proc.world]
     model.eval()
-    total = torch.zeros(2, device=device)  # loss summed over windows, number of windows
-    for i in range(0, len(mine), batch_size):
-        x, y = windows(val, mine[i:i + batch_size], T)
-        with ctx:
-            _, loss = model(x.to(device), y.to(device))
-        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=device)])
-    if world > 1:
+    total = torch.zeros(2, device=proc.device)  # loss summed over windows, number of windows
+    for i in range(0, len(mine), B):
+        x, y = get_batch(cfg, meta, "val", mine[i:i + B], T, proc.device)
+        with proc.ctx:
+            _, loss = model(x, y)
+        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=proc.device)])
+    if proc.world > 1:
         torch.distributed.all_reduce(total)
     model.train()
     return (total[0] / total[1]).item()
@@ -193,7 +224,7 @@ def restore(model, optimizer, ckpt, cfg, rank, device):
         torch.cuda.set_rng_state(rng["cuda"][rank % len(rng["cuda"])], device)
 
 
-def diverged(what, value, step, cfg, model_args, explicit, saved_step):
+def divergence_message(what, value, step, cfg, model_args, explicit, saved_step):
     """The one line of a non-finite loss: what to check (the options this run set), and what is kept."""
     values = {**dataclasses.asdict(cfg), **model_args}
     changed = [f"--{k} {values[k]}" for k in sorted(explicit) if k in values and k not in
@@ -205,10 +236,10 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step):
             f"or use --dtype float32; {kept}")
 
 
-def interruptible():
-    """Ctrl-C and SIGTERM append to the returned list, which the training loop reads between two steps: the run
-    stops there (a KeyboardInterrupt raised wherever the signal lands can be swallowed by a library's cleanup
-    code, and training would go on); a second signal interrupts at once. Also returns the previous handlers."""
+def catch_stop_signals():
+    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
+    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
+    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
     stop = []
 
     def handler(signum, frame):
@@ -219,7 +250,7 @@ def interruptible():
 
 
 def this_process(cfg):
-    """(world size, rank, micro-steps per process, device, dtype) of this process: one, or one of torchrun's."""
+    """The Process this is: one, or one of torchrun's."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     accum = cfg.gradient_accumulation_steps or world  # not given: one micro-step per process
@@ -229,7 +260,7 @@ def this_process(cfg):
     device = resolve_device(cfg.device)
     if device.type == "cuda" and world > 1:  # one GPU per process
         device = resolve_device(f"cuda:{local_rank}")
-    return world, rank, accum // world, device, resolve_dtype(cfg.dtype, device)
+    return Process(world, rank, accum // world, device, resolve_dtype(cfg.dtype, device))
 
 
 def make_model(module, model_args, cfg, ckpt, device):
@@ -254,45 +285,46 @@ def make_optimizer(raw_model, cfg, device):
                              fused=device.type == "cuda")
 
 
-def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, device, ctx):
+def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc):
     """One forward pass before anything is written, in eval mode (no dropout draws): a batch that does not fit, or a
     model whose loss is not finite from the start, fails here. What the model recorded of it is dropped."""
-    train = open_split(cfg.data_dir, cfg.dataset, "train", meta)
     T = model_args["block_size"]
-    x, y = windows(train, train_offsets(len(train), T, cfg.seed, iter_num, cfg.batch_size), T)
+    n_train = len(open_split(cfg.data_dir, cfg.dataset, "train", meta))
+    x, y = get_batch(cfg, meta, "train", train_offsets(n_train, T, cfg.seed, iter_num, cfg.batch_size), T, proc.device)
     raw_model.eval()
     try:
-        with torch.no_grad(), ctx:
-            _, loss = raw_model(x.to(device), y.to(device))
+        with torch.no_grad(), proc.ctx:
+            _, loss = raw_model(x, y)
     except torch.OutOfMemoryError:
-        raise ConfigError(f"a batch of {cfg.batch_size} x {T} tokens does not fit in {device}'s memory; lower "
-                          "--batch_size")
+        raise RunError(f"a batch of {cfg.batch_size} x {T} tokens does not fit in {proc.device}'s memory; lower "
+                       "--batch_size")
     if not math.isfinite(loss.item()):
-        raise ConfigError(diverged("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit, None))
+        raise RunError(divergence_message("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
+                                          None))
     raw_model.train()
     if hasattr(raw_model, "stats"):
         raw_model.stats()  # collective under DDP
 
 
-def optimizer_step(model, raw_model, optimizer, factor, cfg, meta, iter_num, rank, world, accum, T, device, ctx):
-    """accum micro-steps per process on this step's windows, gradients all-reduced on the last one; returns the
-    step's mean loss (a tensor: reading it would synchronise the GPU)."""
+def optimizer_step(model, raw_model, optimizer, cfg, meta, iter_num, proc):
+    """Step iter_num: accum micro-steps per process on this step's windows, gradients all-reduced on the last one;
+    returns the step's mean loss (a tensor: reading it would synchronise the GPU)."""
     for g in optimizer.param_groups:
-        g["lr"] = g["base_lr"] * factor
-    B = cfg.batch_size
-    train = open_split(cfg.data_dir, cfg.dataset, "train", meta)
-    offsets = train_offsets(len(train), T, cfg.seed, iter_num, world * accum * B)
-    step_loss = torch.zeros((), device=device)
+        g["lr"] = g["base_lr"] * lr_factor(iter_num, cfg)
+    B, T, accum = cfg.batch_size, raw_model.config.block_size, proc.accum
+    n_train = len(open_split(cfg.data_dir, cfg.dataset, "train", meta))
+    offsets = train_offsets(n_train, T, cfg.seed, iter_num, proc.world * accum * B)
+    step_loss = torch.zeros((), device=proc.device)
     for micro in range(accum):
-        first = (rank * accum + micro) * B
-        x, y = windows(train, offsets[first:first + B], T)
-        sync = world == 1 or micro == accum - 1
-        with (nullcontext() if sync else model.no_sync()), ctx:
-            _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+        first = (proc.rank * accum + micro) * B
+        x, y = get_batch(cfg, meta, "train", offsets[first:first + B], T, proc.device)
+        sync = proc.world == 1 or micro == accum - 1
+        with (nullcontext() if sync else model.no_sync()), proc.ctx:
+            _, loss = model(x, y)
             loss = loss / accum
         loss.backward()
         step_loss += loss.detach()
-    if world > 1:
+    if proc.world > 1:
         torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -308,7 +340,8 @@ def optimizer_step(model, raw_model, optimizer, factor, cfg, meta, iter_num, ran
 def main(argv):
     # ---- every check, before anything in out_dir is created or written
     cfg, model_args, module, explicit = parse_args(argv)
-    world, rank, accum, device, dtype = this_process(cfg)
+    proc = this_process(cfg)
+    device, rank, world = proc.device, proc.rank, proc.world
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
@@ -326,31 +359,31 @@ def main(argv):
         restore(raw_model, optimizer, ckpt, cfg, rank, device)
         iter_num = saved_step = ckpt["iter_num"]
         best_val = ckpt["best_val_loss"]
-    ctx, T, B = autocast(device, dtype), model_args["block_size"], cfg.batch_size
-    check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, device, ctx)
+    check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc)
 
     # ---- the run: from here on it may write to out_dir
     lock = lock_out_dir(cfg.out_dir) if rank == 0 else None
     if rank == 0:
         settle_log(cfg.out_dir, saved_step)
-    model = torch.compile(raw_model) if cfg.compile else raw_model
+    compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
+    model = torch.compile(raw_model) if compile else raw_model
     eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
-    log = Log(cfg, model_args, rank == 0, raw_model, world, accum, B, T, device, dtype, iter_num)
-    stop, handlers = interruptible()
+    log = Log(cfg, model_args, raw_model, proc, iter_num)
+    stop, handlers = catch_stop_signals()
     try:
         while True:
             if stop:  # Ctrl-C or SIGTERM since the last step
                 raise KeyboardInterrupt
             # ---- evaluate and checkpoint once in a while (a resumed run has both for its first step already)
             if (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != saved_step:
-                val = open_split(cfg.data_dir, cfg.dataset, "val", meta)
-                val_loss = evaluate(eval_model, val, T, cfg.eval_iters * B, B, rank, world, device, ctx)
+                log.stop_clock()  # evaluation is not training time
+                val_loss = evaluate(eval_model, cfg, meta, model_args["block_size"], proc)
                 if not math.isfinite(val_loss):
-                    raise ConfigError(diverged("validation loss", val_loss, iter_num, cfg, model_args, explicit,
-                                               saved_step))
+                    raise RunError(divergence_message("validation loss", val_loss, iter_num, cfg, model_args,
+                                                      explicit, saved_step))
                 best_val = min(best_val, val_loss)
                 stats = raw_model.stats() if hasattr(raw_model, "stats") else {}  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
@@ -366,22 +399,21 @@ def main(argv):
                 break
 
             # ---- one optimiser step
-            t0 = time.time()
-            factor = lr_factor(iter_num, cfg)
-            step_loss = optimizer_step(model, raw_model, optimizer, factor, cfg, meta, iter_num, rank, world, accum,
-                                       T, device, ctx)
+            log.start_clock()
+            step_loss = optimizer_step(model, raw_model, optimizer, cfg, meta, iter_num, proc)
             iter_num += 1
+            log.step_done()
 
-            # ---- log: the loss is read only here, so that the GPU is not synchronised every step
-            log.step_done(time.time() - t0, device)
+            # ---- log: the loss is read (and the GPU synchronised) only here, not every step
             if iter_num % cfg.log_interval == 0:
                 loss = step_loss.item()
                 if not math.isfinite(loss):
-                    raise ConfigError(diverged("training loss", loss, iter_num, cfg, model_args, explicit, saved_step))
-                log.write(log.train_record(iter_num, loss, cfg.learning_rate * factor))
+                    raise RunError(divergence_message("training loss", loss, iter_num, cfg, model_args, explicit,
+                                                      saved_step))
+                log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
     except KeyboardInterrupt:
         kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
-        raise ConfigError(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
+        raise RunError(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
     finally:
         log.close()
         for s, handler in handlers.items():

@@ -1,6 +1,7 @@
 import glob
 import importlib
 import os
+import runpy
 import subprocess
 import sys
 
@@ -24,6 +25,32 @@ def model_cases():
     return cases
 
 
+SUB = "subprocess"
+
+
+def run_script(script, args, capsys, mode=""):
+    """(exit code, stdout, stderr) of `python script args`: its real __main__ block run here, or with mode SUB in a
+    subprocess."""
+    if mode == SUB:
+        args = [a if isinstance(a, bytes) else str(a) for a in args]
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
+                              timeout=300)
+        return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+    capsys.readouterr()
+    argv, sys.argv = sys.argv, [script, *map(str, args)]
+    try:
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = argv
+    captured = capsys.readouterr()
+    if isinstance(code, str):  # sys.exit(message): Python prints it and exits with 1
+        return 1, captured.out, captured.err + code + "\n"
+    return code, captured.out, captured.err
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """The real offline data set, made by prepare.py once per test session."""
@@ -39,6 +66,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long check, run only with --slow")
+    config.addinivalue_line("markers", "extras: needs requirements-eval.txt (lm-eval, transformers); skips without")
 
 
 def pytest_collection_modifyitems(config, items):

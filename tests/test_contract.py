@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -26,9 +27,11 @@ def build(name, overrides, seed=0, **extra):
 
 
 def text_windows(data_dir, n, T, seed, split="train"):
+    """n windows of real text through train.py's own data path (get_batch)."""
     data = np.memmap(os.path.join(data_dir, "shakespeare", f"{split}.bin"), dtype=np.uint16, mode="r")
     offsets = torch.randint(len(data) - T - 1, (n,), generator=torch.Generator().manual_seed(seed))
-    return common.windows(data, offsets, T)
+    where = types.SimpleNamespace(data_dir=data_dir, dataset="shakespeare")
+    return train.get_batch(where, {"dtype": "uint16"}, split, offsets, T, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)

@@ -7,21 +7,17 @@ the cases marked SUB run as a subprocess, so that each script's entry point is a
 import hashlib
 import json
 import os
-import runpy
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import train
-from conftest import ROOT
+from conftest import SUB, run_script
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
         "--batch_size=4", "--eval_iters=2", "--device=cpu"]
-SUB = "subprocess"
 NO_GPU = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU: absent on every machine
 CUDA = [] if torch.cuda.is_available() else ["cuda"]  # plain `--device cuda` without a GPU, where there is none
 
@@ -36,25 +32,6 @@ def checksums(*folders):
                 with open(os.path.join(root, f), "rb") as fh:
                     sums[os.path.join(root, f)] = hashlib.sha256(fh.read()).hexdigest()
     return sums
-
-
-def run_script(script, args, mode, capsys):
-    """(exit code, stderr) of `python script args`, in a subprocess or through its __main__ block here."""
-    if mode == SUB:
-        args = [a if isinstance(a, bytes) else str(a) for a in args]
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
-                              timeout=300)
-        return proc.returncode, proc.stderr.decode("utf-8", "replace")
-    capsys.readouterr()
-    argv, sys.argv = sys.argv, [script, *map(str, args)]
-    try:
-        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = argv
-    return code, capsys.readouterr().err
 
 
 def assert_one_error_line(code, err, fragment):
@@ -196,8 +173,8 @@ def test_train_refuses(case, tiny_data, tiny_run, tmp_path, capsys):
     args = [a.format(**{k[1:-1]: v for k, v in places.items()}) if "{" in a else a for a in args]
     before = checksums(data, run, tmp_path)
     presets = [a for a in args if a.endswith(".py")]  # preset files lead the command line
-    code, err = run_script("train.py", [*presets, "--data_dir", data, *TINY, *[a for a in args if a not in presets]],
-                           mode, capsys)
+    code, _, err = run_script("train.py", [*presets, "--data_dir", data, *TINY, *[a for a in args if a not in presets]],
+                              capsys, mode)
     assert_one_error_line(code, err, fragment)
     assert checksums(data, run, tmp_path) == before
 
@@ -246,7 +223,7 @@ def check_checkpoint_script(script, case, tiny_data, tiny_run, tmp_path, capsys)
     args = [a.format(latin1=tmp_path / "latin1.txt", data=tmp_path / "data") if isinstance(a, str) else a
             for a in args]
     before = checksums(tiny_data, tiny_run, tmp_path)
-    code, err = run_script(script, ["--out_dir", run, *args], mode, capsys)
+    code, _, err = run_script(script, ["--out_dir", run, *args], capsys, mode)
     assert_one_error_line(code, err, fragment)
     assert checksums(tiny_data, tiny_run, tmp_path) == before
 

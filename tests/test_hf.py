@@ -5,7 +5,6 @@ folders have vocab_size 257 and no tokenizer files), and one test makes its own 
 import dataclasses
 import json
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -15,13 +14,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-transformers = pytest.importorskip("transformers", reason="tests/test_hf.py compares with transformers' models")
+transformers = pytest.importorskip("transformers", reason="tests/test_hf.py compares with transformers' models: "
+                                   "pip install -r requirements-eval.txt")
+pytestmark = pytest.mark.extras
 
 import export
 import hf
 import common
 import train
-from conftest import ROOT, model_names
+from conftest import ROOT, model_names, run_script
 from generate import generate
 
 RUN = ["--block_size=64", "--batch_size=4", "--eval_iters=2", "--device=cpu", "--log_interval=1"]
@@ -214,23 +215,6 @@ def test_every_model_trains_from_the_folder(name, hf_models, data_dir, tmp_path)
 
 
 # ---- every bad input is one line ------------------------------------------------------------------------------
-
-def run_script(script, args, capsys):
-    """(exit code, stdout, stderr) of the script's real __main__ block, run here."""
-    capsys.readouterr()
-    argv, sys.argv = sys.argv, [script, *map(str, args)]
-    try:
-        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = argv
-    captured = capsys.readouterr()
-    if isinstance(code, str):  # sys.exit(message), as prepare.py ends: Python prints it and exits with 1
-        return 1, captured.out, captured.err + code + "\n"
-    return code, captured.out, captured.err
-
 
 def assert_one_error_line(code, err, fragment):
     lines = [line for line in err.splitlines() if line.strip()]

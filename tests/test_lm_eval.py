@@ -17,8 +17,9 @@ import train
 from conftest import ROOT
 from test_scripts import TINY
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
-                                reason="lm-evaluation-harness is not installed: pip install -r requirements-eval.txt")
+pytestmark = [pytest.mark.extras, pytest.mark.skipif(
+    importlib.util.find_spec("lm_eval") is None,
+    reason="lm-evaluation-harness is not installed: pip install -r requirements-eval.txt")]
 evalpy = importlib.import_module("eval")
 TASKS = os.path.join(ROOT, "tests", "lm_eval_tasks")
 # no Hugging Face hub, and a proxy that refuses whatever else would go out

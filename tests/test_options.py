@@ -16,7 +16,8 @@ import sample
 import sweep
 import train
 from common import load_model_module, model_names
-from test_errors import checksums, run_script, write_data_set
+from conftest import run_script
+from test_errors import checksums, write_data_set
 
 PROBES = {int: ["nan", "inf", "-1", "0", str(10**30), "abc"], float: ["nan", "inf", "-1", "0", "1e300", "abc"],
           bool: ["nan", "inf", "-1", "0", str(10**30), "abc"], str: ["nan", "inf", "-1", "0", "1e300", "x" * 300],
@@ -84,7 +85,7 @@ def test_every_option_takes_any_value_safely(script, name, kind, base, world, tm
         cwd.mkdir()
         monkeypatch.chdir(cwd)
         before = checksums(world, cwd)
-        code, err = run_script(script, [*base, f"--{name}={value}"], "", capsys)
+        code, _, err = run_script(script, [*base, f"--{name}={value}"], capsys)
         lines = [l for l in err.splitlines() if l.startswith("error: ")]
         assert "Traceback" not in err, (value, err[-3000:])
         if code in (0, None):

@@ -14,8 +14,8 @@ import torch
 
 import common
 import train
-from conftest import ROOT
-from test_errors import TINY, assert_one_error_line, checksums, run_script
+from conftest import ROOT, run_script
+from test_errors import TINY, assert_one_error_line, checksums
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_a_refused_run_leaves_the_folder_as_it_was(case, data, saved_run, tmp_pa
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)
     before = checksums(run, data)
-    code, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, *args], "", capsys)
+    code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, *args], capsys)
     assert_one_error_line(code, err, fragment)
     assert checksums(run, data) == before
 
@@ -69,8 +69,8 @@ def test_a_resume_whose_optimiser_state_does_not_fit_leaves_the_log(data, saved_
     ckpt["optimizer"]["param_groups"] = ckpt["optimizer"]["param_groups"][:1]  # one group short
     torch.save(ckpt, run / "ckpt.pt")
     before = checksums(run)
-    code, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"], "",
-                           capsys)
+    code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"],
+                              capsys)
     assert_one_error_line(code, err, "optimiser state")
     assert checksums(run) == before
 
@@ -110,8 +110,8 @@ def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, c
     holder = common.lock_out_dir(str(run))  # as a run in progress holds it
     try:
         before = checksums(run)
-        code, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"],
-                               "", capsys)
+        code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"],
+                              capsys)
         assert_one_error_line(code, err, "another run is writing to")
         assert checksums(run) == before
     finally:
@@ -143,7 +143,7 @@ def test_only_leading_arguments_are_preset_files(data, tmp_path, monkeypatch, ca
     (tmp_path / "run.py").write_text("raise SystemExit('executed')\n")
     train.main(["--data_dir", str(data), "--out_dir", "out.py", "--wandb_run_name", "run.py", "--max_iters=0", *TINY])
     assert (tmp_path / "out.py" / "ckpt.pt").exists()
-    code, err = run_script("train.py", ["--data_dir", data, *TINY, "run.py"], "", capsys)
+    code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "run.py"], capsys)
     assert_one_error_line(code, err, "preset files go first")
 
 
@@ -163,7 +163,7 @@ def test_prepare_reads_file_names_literally(tmp_path):
 def test_prepare_keeps_name_inside_out_dir(name, tmp_path, capsys):
     (tmp_path / "t.txt").write_text("some text " * 20)
     before = checksums(tmp_path)
-    code, err = run_script("prepare.py", ["--files", tmp_path / "t.txt", "--out_dir", tmp_path / "data", "--name",
-                                          name, "--num_proc=1"], "", capsys)
+    code, _, err = run_script("prepare.py", ["--files", tmp_path / "t.txt", "--out_dir", tmp_path / "data", "--name",
+                                          name, "--num_proc=1"], capsys)
     assert_one_error_line(code, err, "--name")
     assert checksums(tmp_path) == before
