@@ -181,8 +181,9 @@ def split_config_files(argv):
     return argv[:n], argv[n:]
 
 
-def read_config_file(path):
-    """The assignments of a preset file (python), without names starting with _."""
+def read_config_file(path, within=()):
+    """The assignments of a preset file (python), without names starting with _. `base = "other.py"` (a file
+    beside it) layers the file on another preset: the base's values first, then this file's."""
     values = {}
     try:
         with open(path, encoding="utf-8") as f:
@@ -195,7 +196,16 @@ def read_config_file(path):
         raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds python assignments)")
     except Exception as e:
         raise ConfigError(f"config file {path} fails: {type(e).__name__}: {e}; fix the file")
-    return {k: v for k, v in values.items() if not k.startswith("_")}
+    values = {k: v for k, v in values.items() if not k.startswith("_")}
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    if not isinstance(base, str) or os.path.basename(base) != base or not base.endswith(".py"):
+        raise ConfigError(f"config file {path}: base must name a preset file beside it, e.g. base = \"x.py\"")
+    base = os.path.join(os.path.dirname(path), base)
+    if os.path.abspath(base) in within:
+        raise ConfigError(f"config file {path}: its base {base} leads back to it; fix the files")
+    return {**read_config_file(base, (*within, os.path.abspath(path))), **values}
 
 
 def explicit_options(argv):

@@ -21,6 +21,7 @@ gate is 0 skip their blocks for real, in the prefill and in every decode step; t
 """
 import functools
 import sys
+import types
 import weakref
 
 import torch
@@ -60,9 +61,10 @@ def compile_decode_step(model, device):
     the step as a CUDA graph and replays it (one launch per token instead of one per kernel). A CUDA graph
     replays on fixed addresses and writes the cache in place, so every cache the step is given is marked static
     first; cache_for() hands the same cache to every call, and a new one (another batch size) compiles anew.
-    The compiled function is the model's own forward: each model file's code gets its own compile cache (one
-    function shared by every model would run into dynamo's recompile limit in a process that compiles many)."""
-    forward = torch.compile(model.forward, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
+    Each model compiles its own copy of decode_step's code: dynamo keeps its graphs per code object, and one
+    shared by every model would reach its recompile limit in a process that compiles many (bench.py --decode)."""
+    own = types.FunctionType(decode_step.__code__.replace(), decode_step.__globals__, "decode_step")
+    compiled = torch.compile(own, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
     marked = weakref.WeakSet()
 
     def step(idx, pos, cache):
@@ -71,9 +73,7 @@ def compile_decode_step(model, device):
                 for t in tensors if isinstance(tensors, list) else ():
                     torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
             marked.add(cache)
-        with torch.no_grad():
-            logits, _ = forward(idx, cache=cache, pos=pos.reshape(1))
-        return logits[:, -1]
+        return compiled(model, idx, pos, cache)
     return step
 
 

@@ -9,14 +9,5 @@
 # Global batch = batch_size x gradient_accumulation_steps, shared among the processes.
 # Prepare the data first (sample-10BT holds about 10B tokens, so 20k steps read it about twice; the paper made
 # one pass over a 20B-token subset): python prepare.py --dataset fineweb-edu --tokenizer gpt2 --max_tokens 0
+base = "fineweb_edu_50m.py"  # the same recipe; only what follows differs
 size = "100m"  # the shape above, and the model file's SIZE_DEFAULTS
-dataset = "fineweb-edu"
-block_size = 4096
-batch_size = 8
-gradient_accumulation_steps = 32
-max_iters = 20000
-learning_rate = 1e-4
-weight_decay = 0.01
-decay_lr = False  # constant, "without any scheduler"
-eval_interval = 500
-eval_iters = 20

@@ -12,22 +12,12 @@
 # Differences: the GPT-2 tokenizer instead of Qwen3's; FineWeb-Edu's sample-10BT instead of the whole set;
 # weight decay here skips norms and biases (the script decays every parameter).
 # Prepare the data first: python prepare.py --dataset fineweb-edu --tokenizer gpt2 --max_tokens 0
-dataset = "fineweb-edu"
+base = "fineweb_edu_qwen3_100m.py"  # the same recipe; only what follows differs
 n_embd = 1024
 ffn_hidden = 3072
 n_head = 16
 n_layer = 28
 n_kv_head = 8
-tie_embeddings = True
-norm_eps = 1e-6
-block_size = 2048
 batch_size = 2
-gradient_accumulation_steps = 16  # 2 x 16 = 32 sequences of 2048 = 65,536 tokens per step
-max_iters = 20000
 learning_rate = 3e-4
-weight_decay = 0.1
-decay_lr = True
-warmup_iters = 1000
 min_lr = 3e-5
-eval_interval = 500
-eval_iters = 20

@@ -10,21 +10,11 @@
 # recommendation, 3/4 of the layers and heads (Table 3); Tables 1-2 set --skip_layers and --skip_heads.
 # Prepare the data first (a validation set of about 4M tokens, as the paper's):
 #   python prepare.py --dataset openwebtext --tokenizer gpt2 --max_tokens 0 --val_fraction 0.0005
-dataset = "openwebtext"
+base = "openwebtext_gpt2_small.py"  # the same recipe; only what follows differs
 n_embd = 1280
 ffn_hidden = 5120
 n_head = 20
 n_layer = 36
 n_kv_head = 20
-tie_embeddings = True
 block_size = 4096
 batch_size = 8
-gradient_accumulation_steps = 16  # 8 x 16 x 4096 = 524,288 tokens per step
-max_iters = 18000
-learning_rate = 1.5e-4
-weight_decay = 0.1
-decay_lr = True
-warmup_iters = 2000
-min_lr = 1.5e-5
-eval_interval = 500
-eval_iters = 20

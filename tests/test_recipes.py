@@ -9,6 +9,7 @@ import shlex
 import pytest
 import torch
 
+import common
 import export
 import prepare
 import sample
@@ -172,3 +173,17 @@ def test_a_recipe_trains_through_train_py(data_dir, tmp_path):
     assert (m["n_embd"], m["n_layer"], m["n_head"], m["n_kv_head"], m["ffn_hidden"]) == (192, 6, 3, 1, 768)
     assert (m["skip_layers"], m["skip_heads"]) == (4, 1) and ckpt["iter_num"] == 1
     assert o["learning_rate"] == 1e-4 and o["decay_lr"] is False and o["weight_decay"] == 0.01
+
+
+def test_a_size_preset_layers_on_its_recipe(tmp_path):
+    """base = "x.py" reads the preset beside it first: a size's file holds only what differs; a loop is refused."""
+    read = lambda name: common.read_config_file(os.path.join(ROOT, "config", name))  # noqa: E731
+    assert read("fineweb_edu_100m.py") == {**read("fineweb_edu_50m.py"), "size": "100m"}
+    large, small = read("openwebtext_gpt2_large.py"), read("openwebtext_gpt2_small.py")
+    assert large["n_layer"] == 36 and large["max_iters"] == small["max_iters"] and "base" not in large
+    (tmp_path / "a.py").write_text('base = "b.py"\nmax_iters = 5\n')
+    (tmp_path / "b.py").write_text('base = "a.py"\n')
+    with pytest.raises(common.ConfigError, match="leads back to it"):
+        common.read_config_file(str(tmp_path / "a.py"))
+    (tmp_path / "b.py").write_text('max_iters = 7\nbatch_size = 3\n')
+    assert common.read_config_file(str(tmp_path / "a.py")) == {"max_iters": 5, "batch_size": 3}
