@@ -113,9 +113,8 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys, values and gates of every layer for block_size positions, allocated once, one tensor per layer (see
-    model_vanilla.py: a decode step sees the same shapes at every position and writes in place). Each cached key
-    keeps its gate, so that a skipped token stays masked during generation."""
+    """Keys, values and gates of every layer for block_size positions, allocated once, one tensor per layer (as
+    model_vanilla.py's); each cached key keeps its gate, so that a skipped token stays masked during generation."""
 
     def __init__(self, config, batch_size, device, dtype):
         head_dim = config.head_dim or config.n_embd // config.n_head
@@ -158,10 +157,9 @@ class KVCache:
         return cg.index_copy_(1, pos, g) if pos.dim() == 1 else cg.scatter_(1, pos, g)
 
     def key_mask(self, pos, g, dtype):
-        """SDPA's mask over the whole cache for queries at positions pos, (1,) or (B, T), given the layer's cached
-        gates g (B, S): a float (B, 1, T, S) that adds ln(max(g_j, eps)) of each key's gate (eq. 3), and -inf to the
-        keys after the query and, in a SkipCache, to the keys whose gate is 0. g None (no gates): a boolean
-        (1, 1, 1, S) of the filled positions."""
+        """SDPA's mask over the whole cache for queries at positions pos, (1,) or (B, T), and the layer's cached gates
+        g (B, S): a float (B, 1, T, S) adding ln(max(g_j, eps)) (eq. 3), -inf after the query and, in a SkipCache, at
+        gates of 0. g None (no gates): a boolean (1, 1, 1, S) of the filled positions."""
         S = self.k[0].size(2)
         visible = torch.arange(S, device=pos.device) <= pos.view(pos.size(0), -1, 1)  # (1 or B, T, S)
         if g is None:
@@ -230,9 +228,8 @@ class CausalSelfAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
 
     def forward(self, x, cos, sin, cache=None, g=None, pos=None):
-        """g (B, T): the gates of the new tokens (keys), None for plain causal attention. pos: the new tokens'
-        positions as a tensor, (1,) in decode_step or (B, T) for forward_skip's gathered tokens, which then attend
-        over the whole cache with the gates in the mask; None: the tokens follow cache.pos."""
+        """g (B, T): the new tokens' gates, None for plain causal attention. pos: their positions as a tensor, (1,) in
+        a decode step or (B, T) for forward_skip's gathered tokens (attending over the whole cache under a mask)."""
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
@@ -476,9 +473,8 @@ class GPT(nn.Module):
         return summary[0].detach().cpu().unsqueeze(1)
 
     def estimated_flops(self, zero, seq_len=None, head_size=None):
-        """Forward FLOPs per token (sparse, dense) if a token cost nothing in a block where its gate is 0 (paper
-        Fig. 2): block matmuls times the fraction of tokens not skipped, plus head and gates; zero (L,). The
-        attention matmuls at seq_len (default block_size) and head_size (default hd: the paper's dense model)."""
+        """Forward FLOPs per token (sparse, dense) if a token cost nothing where its gate is 0 (Fig. 2), zero (L,):
+        block matmuls x the fraction not skipped, plus head and gates; attention at seq_len and head_size (or hd)."""
         c = self.config
         hd = c.head_dim or c.n_embd // c.n_head
         block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
@@ -510,16 +506,14 @@ class GPT(nn.Module):
     # --- inference that really skips ---
 
     def inference(self, skip=True):
-        """generate.py's hook: skip (the default) runs forward_skip() into a SkipCache, and every decode step with
-        that cache skips too (forward() hands it to decode_step_skip()); False computes every block, as forward()."""
+        """generate.py's hook: skip (default) prefills with forward_skip() into a SkipCache, whose steps skip too."""
         return (self.forward_skip, SkipCache) if skip and self.config.gated else (self, KVCache)
 
     @torch.no_grad()
     def forward_skip(self, idx, cache=None):
         """Inference that really skips: at every block only the tokens whose gate is > 0 run it (gathered per row,
-        padded to the row with the most, scattered back); a token with g == 0 keeps its stream, as the multiply
-        by 0 of forward() gives, and leaves no visible key (see SkipCache). A block no token runs is not
-        computed at all. Returns (logits, None) like forward(); a fresh cache is used if none is given."""
+        padded to the row with the most, scattered back); a token with g == 0 keeps its stream, as forward()'s multiply
+        by 0 gives, and leaves no visible key (SkipCache). A block no token runs is not computed. (logits, None)."""
         B, T = idx.shape
         cache = cache if cache is not None else SkipCache(self.config, B, idx.device, self.lm_head.weight.dtype)
         past = cache.pos
@@ -557,10 +551,9 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def decode_step_skip(self, idx, pos, cache):
-        """A decode step (forward() with pos) with a SkipCache, logits (B, 1, vocab): a block runs only if some row's
-        gate is > 0 (the others keep their stream and leave a gate of 0, which hides their key); a block no row runs
-        is not computed: under torch.compile a torch.cond (one graph, static shapes, no .item()), in eager mode a
-        Python if (torch.cond outside torch.compile traces its branches at every call, slower than the block)."""
+        """A decode step with a SkipCache, logits (B, 1, vocab): a block runs only if some row's gate is > 0 (the others
+        keep their stream and leave a gate of 0, hiding their key): under torch.compile a torch.cond (one graph), in
+        eager mode a Python if (torch.cond outside torch.compile traces its branches at every call)."""
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2)
         x = self.emb_norm(self.tok_emb(idx))  # (B, 1, d)
         gates, S = [], 0.0
