@@ -17,7 +17,6 @@ is the bytes of parameters, gradients and AdamW state plus the tensors autograd 
 import copy
 import functools
 import importlib.util
-import json
 import os
 import shlex
 import statistics
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, hardware_name,
+from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, dumps, hardware_name,
                     load_checkpoint, load_model_module, main_boundary, option, parse_simple, peak_flops,
                     resolve_device, resolve_dtype, synchronize, update_readme)
 from generate import compile_decode_step, decode_step, generate
@@ -489,7 +488,7 @@ def main(argv):
         head.update(batch_size=args.batch_size, compile=args.compile, warmup=args.warmup, iters=args.iters)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**head, "results": rows}, f, indent=1)
+            f.write(dumps({**head, "results": rows}, indent=1))
     if args.update_readme:
         note = (f"`{shlex.join(['python', 'bench.py', *argv])}` on {hardware}, {dtype}, torch {torch.__version__}; "
                 f"greedy, {args.prompt_tokens} prompt tokens, {args.decode_tokens} timed steps, median of "

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import time
+import types
 from contextlib import nullcontext
 
 import numpy as np
@@ -57,6 +58,10 @@ class RunError(Exception):
     says what is kept."""
 
 
+class Interrupted(RunError):
+    """Ctrl-C or SIGTERM stopped a run between two steps."""
+
+
 def fail(message):
     if os.environ.get("RANK", "0") == "0":  # under torchrun every process fails alike: one line is enough
         print(f"error: {message}", file=sys.stderr)
@@ -79,6 +84,75 @@ def main_boundary(main):
              "folder, then run the same command again")
     except KeyboardInterrupt:
         fail("interrupted; nothing was lost that had been saved")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# files: every file a script reads goes through these, so that a bad one ends in one line naming it
+
+def read_bytes(path, what, fix):
+    """The bytes of the file at path; ConfigError (naming what it is and the fix) if it is missing, a folder or
+    unreadable."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a folder, not a file; {fix}")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; {fix}")
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
+
+
+def read_text(path, what, fix):
+    """The UTF-8 text of the file at path (read_bytes' checks, and not UTF-8)."""
+    data = read_bytes(path, what, fix)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {path} is not UTF-8 text (line {line}); {fix}")
+
+
+def _not_json(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text):
+    """json.loads, refusing NaN and Infinity (Python's json takes them; JSON has no such numbers)."""
+    return json.loads(text, parse_constant=_not_json)
+
+
+def read_json(path, what, fix):
+    """The JSON value in the file at path; ConfigError for every way it can be wrong, naming where."""
+    text = read_text(path, what, fix)
+    try:
+        return parse_json(text)
+    except ValueError as e:
+        raise ConfigError(f"{what} {path} is not readable JSON ({' '.join(str(e).split())[:120]}); {fix}")
+
+
+def finite(value):
+    """value with every float that is not finite replaced by None, in dicts, lists and tuples too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def has_nonfinite(value):
+    """Whether value holds a float that is not finite (which dumps() writes as null)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(has_nonfinite(v) for v in items)
+
+
+def dumps(value, **kwargs):
+    """Strict JSON, which every tool reads: a value that is not finite becomes null (finite())."""
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -181,22 +255,22 @@ def split_config_files(argv):
     return argv[:n], argv[n:]
 
 
+PRESET_HELPERS = (types.ModuleType, types.FunctionType, type)
+
+
 def read_config_file(path, within=()):
     """The assignments of a preset file (python), without names starting with _. `base = "other.py"` (a file
     beside it) layers the file on another preset: the base's values first, then this file's."""
     values = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path} ({getattr(e, 'strerror', None) or e})")
-    try:
-        exec(compile(source, path, "exec"), {}, values)
+    source = read_text(path, "the config file", "pass a preset file of python assignments, such as config/*.py")
+    try:  # one namespace, as a module has: a comprehension or a function in the file reads its names
+        exec(compile(source, path, "exec"), values)
     except SyntaxError as e:
         raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds python assignments)")
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ConfigError(f"config file {path} fails: {type(e).__name__}: {e}; fix the file")
-    values = {k: v for k, v in values.items() if not k.startswith("_")}
+    # options are its plain values; modules, functions and classes it uses, and _private names, are its own
+    values = {k: v for k, v in values.items() if not k.startswith("_") and not isinstance(v, PRESET_HELPERS)}
     base = values.pop("base", None)
     if base is None:
         return values
@@ -273,10 +347,29 @@ def check_paths(config):
                                   "or a part longer than 255 bytes); choose another")
 
 
+def attach_option_values(argv, config_class):
+    """argv with `--name VALUE` joined into `--name=VALUE` where --name takes a string and VALUE starts with a dash
+    but is no option of config_class, or several words (argparse would read `--train_args "--learning_rate=1e-3"`
+    as two options)."""
+    strings = {f"--{f.name}" for f in dataclasses.fields(config_class) if f.type is str}
+    known = {f"--{f.name}" for f in dataclasses.fields(config_class)} | {"-h", "--help"}
+    out, i = [], 0
+    while i < len(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if argv[i] in strings and nxt.startswith("-") and (nxt.split("=")[0] not in known or len(nxt.split()) > 1):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def parse_simple(config_class, argv, doc):
     """The options of a script without config files: its dataclass from the command line, checked."""
     parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
     add_options(parser, config_class, "options")
+    argv = attach_option_values(list(argv), config_class)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
     config = make_config(config_class, values)
     check_paths(config)
@@ -391,11 +484,7 @@ def read_meta(data_dir, dataset):
     if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
         raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); run "
                           f"`python prepare.py --dataset {dataset}` first, or point --data_dir at its folder")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{meta_path} is not readable JSON ({e}); {REDO}")
+    meta = read_json(meta_path, "the data set's meta.json", REDO)
     if not isinstance(meta, dict):
         raise ConfigError(f"{meta_path} is not a JSON object; {REDO}")
     missing = [k for k in ("tokenizer", "vocab_size", "dtype") if k not in meta]
@@ -472,6 +561,9 @@ def checkpoint_path(out_dir):
 def read_checkpoint(path, keys=("model_name", "model_args", "model")):
     """The dict train.py saved at path, holding at least `keys`; ConfigError for a missing, truncated, empty or
     foreign file (a bare state_dict), so that train --resume, sample.py and eval.py all say it in one line."""
+    if os.path.isdir(path):
+        raise ConfigError(f"the checkpoint {path} is a folder, not a file; move it away, or pass the run folder "
+                          "that holds train.py's ckpt.pt")
     if not os.path.isfile(path):
         raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir "
                           f"{os.path.dirname(path) or '.'}`")
@@ -638,7 +730,7 @@ class Log:
         if not self.master:
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log(record, step=record["iter"])
         text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())

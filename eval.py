@@ -20,7 +20,6 @@ windows of the model's context so that every token is predicted exactly once. Th
     python eval.py --curves out/vanilla out/vertical
     python eval.py --out_dir out-vertical --loss=false --mc hellaswag_val.jsonl --k_shot 4
 """
-import json
 import math
 import os
 import random
@@ -34,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import (DTYPES, ConfigError, autocast, describe_run, load_checkpoint, main_boundary, open_split, option,
-                    parse_simple, read_meta, resolve_device, resolve_dtype, split_tokens)
+from common import (DTYPES, ConfigError, autocast, describe_run, dumps, has_nonfinite, load_checkpoint, main_boundary,
+                    open_split, option, parse_json, parse_simple, read_meta, read_text, resolve_device, resolve_dtype,
+                    split_tokens)
 from prepare import get_tokenizer
 
 
@@ -287,17 +287,13 @@ def read_run_log(run):
     path = os.path.join(folder, "log.jsonl")
     if not os.path.isfile(path):
         raise ConfigError(f"--curves: {folder} has no log.jsonl; train.py writes one in every --out_dir it trains")
-    try:
-        text = open(path, encoding="utf-8").read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--curves: cannot read {path} ({e})")
-    lines = text.split("\n")
+    lines = read_text(path, "--curves: the log", "train the run again, or leave it out").split("\n")
     train, val = [], []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
             step = record["iter"]
             points = [(key, float(record[key])) for key in ("loss", "val_loss") if key in record]
             if not isinstance(step, int):
@@ -482,15 +478,12 @@ def normalise_mc(item):
 
 
 def read_mc(path):
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError:
-        raise ConfigError(f"cannot read --mc file {path}")
+    lines = read_text(path, "the --mc file", "pass a .jsonl file, one question per line").splitlines()
     items = []
     for n, line in enumerate(lines, 1):
         if line.strip():
             try:
-                items.append(normalise_mc(json.loads(line)))
+                items.append(normalise_mc(parse_json(line)))
             except KeyError as e:
                 raise ConfigError(f"{path} line {n}: missing key {e}")
             except (ValueError, TypeError, AttributeError) as e:
@@ -509,11 +502,14 @@ def multiple_choice(model, items, encode, eot, block_size, args, device, ctx):
     """acc and acc_norm of few-shot multiple choice: each question after k solved examples drawn (with --seed)
     from the other questions, every example written "context continuation\\n\\n"."""
     questions = items[:args.mc_limit or len(items)]
+    k = min(args.k_shot, len(items) - 1)  # the examples come from the other questions of the file
+    if k < args.k_shot:
+        print(f"note: {args.mc} holds {len(items)} questions: {k}-shot, not {args.k_shot}-shot", file=sys.stderr)
     pairs = []
     for q, (context, choices, _) in enumerate(questions):
         rng = random.Random(args.seed * 1_000_003 + q)  # the same examples for every checkpoint
         shots = [i for i in rng.sample(range(len(items)), min(args.k_shot + 1, len(items))) if i != q]
-        solved = [items[i] for i in shots[:args.k_shot]]
+        solved = [items[i] for i in shots[:k]]
         prefix = "".join(f"{c}{continuation(answers[label])}\n\n" for c, answers, label in solved)
         pairs += [encode_pair(encode, eot, prefix + context, continuation(choice)) for choice in choices]
     scores = iter(score_continuations(model, pairs, block_size, args.batch_size, device, ctx, progress=not args.json))
@@ -525,7 +521,7 @@ def multiple_choice(model, items, encode, eot, block_size, args, device, ctx):
         acc += int(np.argmax(logp) == label)
         acc_norm += int(np.argmax(per_char) == label)
     n = len(questions)
-    return {"file": args.mc, "questions": n, "k_shot": args.k_shot, "acc": acc / n, "acc_norm": acc_norm / n,
+    return {"file": args.mc, "questions": n, "k_shot": k, "acc": acc / n, "acc_norm": acc_norm / n,
             "chance": sum(1 / len(c) for _, c, _ in questions) / n}
 
 
@@ -566,6 +562,22 @@ def make_lm_eval_adapter(model, encode, eot, block_size, batch_size, device, ctx
     return LMEvalAdapter()
 
 
+def read_task_file(path):
+    """An lm-eval task .yaml file, checked: UTF-8 YAML holding a mapping (lm-evaluation-harness reads it again)."""
+    import yaml  # lm-evaluation-harness's own dependency
+    fix = "fix the file (lm-evaluation-harness's task YAML)"
+    text = read_text(path, "the --lm_eval task file", fix)
+    try:
+        task = yaml.load(text, Loader=yaml.SafeLoader) if "!function" not in text else {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"the --lm_eval task file {path} is not readable YAML{where} "
+                          f"({getattr(e, 'problem', None) or e}); {fix}")
+    if not isinstance(task, dict):
+        raise ConfigError(f"the --lm_eval task file {path} holds no task (a YAML mapping with a task name); {fix}")
+
+
 def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
     """{task: {metric: value}} from lm_eval.simple_evaluate. A task given as a .yaml file is read from its folder,
     and lm-evaluation-harness's own task list (some 15,000 YAML files, indexed in seconds) only when a task is
@@ -575,9 +587,8 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
     adapter = make_lm_eval_adapter(model, encode, eot, block_size, args.batch_size, device, ctx)
     tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
     files = [t for t in tasks if t.endswith((".yaml", ".yml"))]
-    for f in files:
-        if not os.path.isfile(f):
-            raise ConfigError(f"--lm_eval: no task file {f}")
+    for f in files:  # lm-evaluation-harness would end a YAML file it cannot parse in a traceback
+        read_task_file(f)
     folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
     manager = TaskManager(include_path=folders or None, include_defaults=len(files) < len(tasks))
     try:
@@ -651,7 +662,9 @@ def report(result, model, args):
     if args.json:
         if result.get("depth_map_uniform"):
             print(uniform_note(result), file=sys.stderr)
-        print(json.dumps(result), flush=True)
+        if has_nonfinite(result):
+            print(f"note: {result['out_dir']}: values that are not finite numbers are written as null", file=sys.stderr)
+        print(dumps(result), flush=True)
         return
     line = f"{result['model']} ({result['out_dir']}, {result['run']})"
     if "loss" in result:

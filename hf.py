@@ -29,13 +29,14 @@ activation, biases on attention but not on the MLP. A parameter of a model file 
 Every mistake is an HFError with a one-line message; train.py and export.py raise it as their ConfigError.
 """
 import hashlib
-import json
 import os
 import re
 import shutil
 import sys
 
 import torch
+
+import common
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
 # the files of a tokenizer that export copies along (those the folder has)
@@ -75,12 +76,9 @@ def to_hf_name(name):
 
 def read_json(path):
     try:
-        with open(path) as f:
-            value = json.load(f)
-    except OSError as e:
-        raise HFError(f"cannot read {path} ({e.strerror})")
-    except ValueError as e:
-        raise HFError(f"{path} is not valid JSON ({e}); save the model again with save_pretrained")
+        value = common.read_json(path, "the model's", "save the model again with save_pretrained")
+    except common.ConfigError as e:
+        raise HFError(str(e))
     if not isinstance(value, dict):
         raise HFError(f"{path} is not a JSON object; save the model again with save_pretrained")
     return value
@@ -327,7 +325,7 @@ def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.flo
     try:
         os.makedirs(tmp)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+            f.write(common.dumps(config, indent=2))
             f.write("\n")
         safetensors().torch.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         for path in copies:

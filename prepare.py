@@ -21,7 +21,6 @@ import glob
 import importlib
 import importlib.util
 import itertools
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import ConfigError, main_boundary, option, parse_simple
+from common import ConfigError, dumps, main_boundary, option, parse_simple
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -151,10 +150,14 @@ BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parq
 def file_documents(paths, text_field):
     datasets = need("datasets", "--files")
     for path in paths:  # check every file before tokenizing any
+        if os.path.isdir(path):
+            raise ConfigError(f"--files: {path} is a folder; pass the files in it (e.g. {os.path.join(path, '*.txt')})")
         if not os.path.isfile(path):
             raise ConfigError(f"--files: no such file: {path}")
         if Path(path).suffix.lower() not in BUILDERS:
             raise ConfigError(f"cannot read {path}: --files takes {', '.join(BUILDERS)} files")
+        if os.path.getsize(path) == 0:
+            raise ConfigError(f"found no text to tokenize in {Path(path).name}: the file {path} is empty; leave it out")
 
     def rows():
         for path in paths:
@@ -162,18 +165,27 @@ def file_documents(paths, text_field):
             # a .txt file is one document (the text builder would otherwise make one per line)
             kwargs = {"sample_by": "document"} if builder == "text" else {}
             field = "text" if builder == "text" else text_field
+            empty = 0  # records whose text is null or empty: left out, and counted
             try:
                 # glob.escape: datasets reads data_files as patterns, and a name such as notes[1].txt is a name
-                for row in datasets.load_dataset(builder, data_files=glob.escape(path), split="train", streaming=True,
-                                                 **kwargs):
+                for n, row in enumerate(datasets.load_dataset(builder, data_files=glob.escape(path), split="train",
+                                                              streaming=True, **kwargs), 1):
+                    text = row.get(field)
                     if field not in row:
                         raise ConfigError(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
-                    if row[field]:
-                        yield row[field]
+                    if text is not None and not isinstance(text, str):
+                        raise ConfigError(f"{path} record {n}: its {field!r} is {type(text).__name__} {str(text)[:40]!r}, "
+                                          "not text; fix the file or set --text_field")
+                    if text:
+                        yield text
+                    else:
+                        empty += 1
             except UnicodeDecodeError:
                 raise ConfigError(f"{path} is not UTF-8 text; convert it (e.g. iconv -t utf-8) or leave it out")
-            except (ValueError, TypeError, OSError) as e:  # datasets' builders: malformed JSON, not parquet, ...
+            except (ValueError, TypeError, OSError, RuntimeError) as e:  # datasets' builders: bad JSON, not parquet
                 raise ConfigError(f"cannot read {path} as a {builder} file ({' '.join(str(e).split())[:200]})")
+            if empty:
+                print(f"note: {empty:,} record(s) of {path} have no text (null or empty) and were left out")
     return rows()
 
 
@@ -257,7 +269,7 @@ def main(argv=None):
         counts = write_splits(args, docs, name, dataset, dtype, tmp["train.bin"], tmp["val.bin"])
         meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
                 "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
-        tmp["meta.json"].write_text(json.dumps(meta, indent=2) + "\n")
+        tmp["meta.json"].write_text(dumps(meta, indent=2) + "\n")
         for f in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it vouches for the two others
             os.replace(tmp[f], out / f)
     finally:

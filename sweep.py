@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from bench import RUNS
-from common import (DTYPES, SIZES, ConfigError, hardware_name, load_checkpoint, load_model_module, main_boundary,
-                    option, parse_simple, read_meta, update_readme)
+from common import (DTYPES, SIZES, ConfigError, Interrupted, dumps, hardware_name, load_checkpoint, load_model_module,
+                    main_boundary, option, parse_json, parse_simple, read_json, read_meta, read_text, update_readme)
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -197,6 +197,7 @@ def main(argv):
     device, dtype = device_and_dtype(args)
     meta = read_meta(args.data_dir, args.dataset)
     shape = model_shape(args, meta)
+    check_train_args(args.train_args, shape)
     if names and shape["n_layer"] != 6:
         raise ConfigError(f"the ablations are defined at 6 layers (their points name layer counts), not {shape['n_layer']}")
 
@@ -252,12 +253,30 @@ def ablation_sweep(name, args):
 # ----------------------------------------------------------------------------------------------------------
 # the plan: every (label, seed) run's train.py options and key
 
+OWNED = ("model", "dataset", "data_dir", "out_dir", "resume", "max_iters", "batch_size", "seed", "device", "dtype",
+         "eval_interval", "size", "init_from")  # train.py options every run of a sweep sets itself
+
+
+def check_train_args(train_args, shape):
+    """--train_args may not set what the sweep sets per run (its seeds, shape, budget): the tables would name
+    what did not run."""
+    try:
+        words = shlex.split(train_args)
+    except ValueError as e:
+        raise ConfigError(f"--train_args {train_args!r}: {e}")
+    owned = {w.split("=")[0][2:] for w in words if w.startswith("--")} & {*OWNED, *shape}
+    if owned:
+        raise ConfigError(f"--train_args sets {', '.join('--' + o for o in sorted(owned))}, which the sweep sets for "
+                          "every run; use sweep.py's own options (--seed, --seeds, --size, --n_layer, --block_size, "
+                          "--batch_size, --train_iters, ...)")
+
+
 def train_options(name, overrides, seed, shape, args, device, dtype):
     """The train.py options of one run: everything that shapes its result (not where it is written)."""
     return [f"--model={name}", f"--dataset={args.dataset}", f"--max_iters={args.train_iters}",
             f"--batch_size={args.batch_size}", f"--seed={seed}", f"--device={device}", f"--dtype={dtype}",
             f"--eval_interval={max(1, args.train_iters // args.eval_points)}",
-            *[f"--{k}={v}" for k, v in {**shape, **overrides}.items()], *args.train_args.split()]
+            *[f"--{k}={v}" for k, v in {**shape, **overrides}.items()], *shlex.split(args.train_args)]
 
 
 def run_key(options, meta):
@@ -330,7 +349,11 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     steps = torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.exists(path) else 0
     t0, cpu0 = time.time(), time.process_time()
     if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
-        train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}", *(["--resume"] if steps else [])])
+        try:
+            train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}", *(["--resume"] if steps else [])])
+        except Interrupted as e:
+            raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; every finished run is in "
+                              "results.json and this one's checkpoint is kept: run the same command again to go on")
     seconds = time.time() - t0
     model, _, ckpt = load_checkpoint(out_dir, device)
     model.eval()
@@ -338,10 +361,15 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
     loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
     evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        for record in map(json.loads, f):
+    log = os.path.join(out_dir, "log.jsonl")
+    for n, line in enumerate(read_text(log, "the run's log", "delete the run's folder to train it again").splitlines(), 1):
+        try:
+            record = parse_json(line)
             if "val_loss" in record:
-                evals[record["iter"]] = record["val_loss"]
+                evals[int(record["iter"])] = float(record["val_loss"])
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"the run's log {log} line {n} is not a record of train.py ({e}); delete the run's "
+                              "folder to train it again")
     return {"label": label, "seed": seed, "key": key, "options": options,
             "val_loss": loss[-1].item(), "val_tokens": count, "steps": ckpt["iter_num"],
             "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
@@ -354,10 +382,22 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
 # ----------------------------------------------------------------------------------------------------------
 # results.json
 
+def read_results(json_path):
+    """A results.json ({} where there is none), checked: an object whose runs are records with a key."""
+    if not os.path.exists(json_path):
+        return {}
+    fix = "restore it from version control, or move it away to train its runs again"
+    saved = read_json(json_path, "the results file", fix)
+    runs = saved.get("runs") if isinstance(saved, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("key"), str) for r in runs):
+        raise ConfigError(f"the results file {json_path} is not a sweep's results (an object with a list of runs, "
+                          f"each with its key); {fix}")
+    return saved
+
+
 def saved_runs(json_path):
     """The runs a results.json holds, by key ({} where there is none)."""
-    runs = json.load(open(json_path)).get("runs", []) if os.path.exists(json_path) else []
-    return {r["key"]: r for r in runs}
+    return {r["key"]: r for r in read_results(json_path).get("runs", [])}
 
 
 def save_run(sweep, record, header, argv):
@@ -365,7 +405,7 @@ def save_run(sweep, record, header, argv):
     runs of other configurations (unused). The header describes the machine of the latest run trained."""
     json_path = os.path.join(sweep["results"], "results.json")
     os.makedirs(sweep["results"], exist_ok=True)
-    saved = json.load(open(json_path)) if os.path.exists(json_path) else {}
+    saved = read_results(json_path)
     runs = {**saved_runs(json_path), record["key"]: record}
     head = {**header, "command": command(sweep, argv)}
     if record.get("reused") and "hardware" in saved:
@@ -395,7 +435,7 @@ def without_options(argv, *names):
 def write_json(path, data):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
+        f.write(dumps(data, indent=1))
     os.replace(tmp, path)  # atomic: an interrupted sweep never leaves a broken results.json
 
 
@@ -450,7 +490,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
     planned run is on record, RESULTS.md (and README.md's copy) only say so. The machine named is the one
     results.json names, that of the latest run trained. Returns the rows."""
     json_path = os.path.join(sweep["results"], "results.json")
-    saved = json.load(open(json_path)) if os.path.exists(json_path) else {}
+    saved = read_results(json_path)
     done = saved_runs(json_path)
     planned = [key for seed in sorted(sweep["plan"]) for *_, key in sweep["plan"][seed]]
     runs = [done[key] for key in planned if key in done]
@@ -476,7 +516,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
     if figure and runs and "x" in sweep:
         plot_ablation(sweep, rows, runs, xs, configs, path)
     elif figure and runs:
-        plot_results(sweep, rows, runs, path)
+        plot_results(sweep, rows, runs, path, val_windows(header))
     return rows
 
 
@@ -601,7 +641,18 @@ def delta_panel(ax, rows, colour, models, reference):
     ax.grid(alpha=0.3, axis="x")
 
 
-def plot_results(sweep, rows, runs, path):
+def val_windows(header):
+    """The validation windows behind every point of a run's curve: train.py's eval_iters x batch_size."""
+    words, n = shlex.split(header["train_args"]), TrainConfig.eval_iters
+    for i, w in enumerate(words):  # --eval_iters=N or --eval_iters N; the last one counts, as in train.py
+        if w.startswith("--eval_iters="):
+            n = int(w.split("=", 1)[1])
+        elif w == "--eval_iters" and i + 1 < len(words):
+            n = int(words[i + 1])
+    return n * header["batch_size"]
+
+
+def plot_results(sweep, rows, runs, path, windows):
     """The main table: validation curves (mean over seeds; vanilla bold black with its seeds' range) from the
     first evaluation after the start, a zoom on the last 40% of the run, and the paired differences to vanilla
     with their 2-SE bars; labels grouped and coloured by paper."""
@@ -638,7 +689,7 @@ def plot_results(sweep, rows, runs, path):
         bottom.append(losses.mean(0).min())
         late += [(t, v) for t, v in zip(tokens, losses.mean(0)) if t >= 0.6 * tokens[-1]]
     span = max(top) - min(bottom)
-    ax.set(xlabel="tokens seen (millions)", ylabel="validation loss (nats/token) on 80 fixed windows",
+    ax.set(xlabel="tokens seen (millions)", ylabel=f"validation loss (nats/token) on {windows} fixed windows",
            xlim=(0.95 * min(first), None), ylim=(min(bottom) - 0.03 * span, max(top) + 0.03 * span),
            title="validation loss during training, mean over seeds")
     lo, hi = min(v for _, v in late), max(v for _, v in late)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import hf
-from common import (DTYPES, SIZES, ConfigError, Log, RunError, autocast, build_model, check_resume, check_splits,
+from common import (DTYPES, SIZES, ConfigError, Interrupted, Log, RunError, autocast, build_model, check_resume, check_splits,
                     load_state, lock_out_dir, main_boundary, model_names, open_split, option, parse_model_options,
                     read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log)
 
@@ -413,7 +413,7 @@ def main(argv):
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
     except KeyboardInterrupt:
         kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
-        raise RunError(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
+        raise Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
     finally:
         log.close()
         for s, handler in handlers.items():

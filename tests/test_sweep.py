@@ -89,7 +89,7 @@ def run_sweep(data_dir, tmp_path, *extra):
     return sweep.main(["--size=small", "--block_size=32", "--batch_size=2", "--device=cpu", "--runs=vertical",
                        "--train_iters=4", "--seeds=2", "--eval_points=2", f"--data_dir={data_dir}",
                        f"--results={tmp_path / 'results'}", f"--runs_dir={tmp_path / 'runs'}", "--reuse=",
-                       "--train_args=--eval_iters=1 --n_layer=2", *extra])
+                       "--n_layer=2", "--train_args=--eval_iters=1", *extra])
 
 
 def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp_path):
@@ -129,13 +129,18 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
 
     run_sweep(data_dir, tmp_path, "--eval_batch_size=8", "--seed=1338", "--seeds=1")  # the same runs: none trained
     assert len(json.load(open(json_path))["runs"]) == 4
-    changed_lr = "--train_args=--eval_iters=1 --n_layer=2 --learning_rate=2e-3"
+    changed_lr = "--train_args=--eval_iters=1 --learning_rate=2e-3"
     assert run_sweep(data_dir, tmp_path, "--table_only", changed_lr) == []  # new configuration, nothing trained
     assert len(json.load(open(json_path))["runs"]) == 4
     run_sweep(data_dir, tmp_path, "--max_runs=1", changed_lr)
     changed = json.load(open(json_path))["runs"]
     assert len(changed) == 5 and changed[4]["label"] == "vanilla" and changed[4]["key"] != first[0]["key"]
     assert open(os.path.join(ROOT, "README.md")).read() == readme_before  # only --update_readme rewrites it
+    # what a run's table names is what ran: --train_args may not set the seed or the shape the sweep sets
+    for owned in ("--seed=5", "--n_embd=32", "--max_iters 9"):
+        with pytest.raises(ConfigError, match=f"--train_args sets {owned.split('=')[0].split()[0]}"):
+            run_sweep(data_dir, tmp_path, "--table_only", f"--train_args=--eval_iters=1 {owned}")
+    assert len(json.load(open(json_path))["runs"]) == 5
 
 
 def plans(data_dir, *extra):
