@@ -219,6 +219,11 @@ def parse_model_options(config_class, argv, doc):
     unknown = set(from_files) - train_fields - model_fields
     if unknown:
         raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}")
+    for cls, names in ((config_class, train_fields), (module.GPTConfig, model_fields)):
+        try:  # a preset's values are Python values: their types are checked here, not parsed by argparse
+            check_config(cls, {k: v for k, v in from_files.items() if k in names})
+        except ValueError as e:
+            raise ConfigError(f"{e} (set in {origin[str(e).split()[0][2:]]})")
     parser = ArgumentParser(description=doc, formatter_class=HelpFormatter,
                             usage="%(prog)s [preset.py ...] [--option value ...]")
     add_options(parser, config_class, "training", from_files)
@@ -606,6 +611,12 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
 
 
 def load_state(model, state, model_name, path):
+    """The weights of a checkpoint into model; ConfigError if they do not fit it or are not all finite."""
+    if not isinstance(state, dict) or not all(torch.is_tensor(t) for t in state.values()):
+        raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train again")
+    bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise ConfigError(f"the weights in {path} hold NaN or infinity ({bad}); restore it from a copy or train again")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:

@@ -149,6 +149,7 @@ BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parq
 
 def file_documents(paths, text_field):
     datasets = need("datasets", "--files")
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a file it cannot read: our one line says so
     for path in paths:  # check every file before tokenizing any
         if os.path.isdir(path):
             raise ConfigError(f"--files: {path} is a folder; pass the files in it (e.g. {os.path.join(path, '*.txt')})")
@@ -260,7 +261,7 @@ def main(argv=None):
     out = Path(args.out_dir) / name
     if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
         raise ConfigError(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
-    created = not out.exists()
+    created = [p for p in (out, *out.parents) if not p.exists()]  # the folders this run makes, deepest first
     out.mkdir(parents=True, exist_ok=True)
     # everything is written to temporary files next to the real ones and renamed into place only once the
     # whole run has succeeded: a run that fails half-way leaves an earlier data set of the same name intact
@@ -275,8 +276,9 @@ def main(argv=None):
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()  # the folder this failed run made
+        for folder in created:  # the folders this failed run made, if it left nothing in them
+            if not any(folder.iterdir()):
+                folder.rmdir()
     print(f"wrote {out}: {counts['train']:,} train and {counts['val']:,} val tokens ({meta['dtype']})")
 
 

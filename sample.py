@@ -69,9 +69,9 @@ def main(argv):
     block_size = ckpt["model_args"]["block_size"]
     if not ids:
         raise ConfigError("the prompt is empty; pass some text with --start (or --start FILE:path)")
-    if len(ids) > block_size:
-        raise ConfigError(f"the prompt is {len(ids)} tokens but the model's context is {block_size}; "
-                          "shorten --start")
+    if len(ids) > block_size:  # generation reads the most recent block_size tokens, as it does past the context
+        print(f"note: the prompt is {len(ids)} tokens and the model's context {block_size}: it continues from the "
+              f"last {block_size}", file=sys.stderr)
     skips = hasattr(module.GPT, "inference")  # generation options of the model file's own (skipmiddle: skip)
     if not skips and "skip" in explicit_options(argv):
         print(f"note: --skip is ignored: model_{ckpt['model_name']}.py has no skipping", file=sys.stderr)

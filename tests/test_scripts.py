@@ -61,6 +61,17 @@ def test_sample_prompt_from_file(run_dir, tmp_path):
     assert code == 0 and out.startswith("JULIET:\n"), err
 
 
+def test_sample_prompt_longer_than_the_context_continues_from_its_end(run_dir):
+    """block_size is 32: a 50-token prompt is read from its last 32 tokens, as generation does past the context."""
+    long = "ROMEO: But soft, what light through yonder window breaks"  # 56 bytes: 56 tokens
+    code, out, err = run("sample.py", "--out_dir", run_dir, "--start", long, "--num_samples=1",
+                         "--max_new_tokens=8", "--temperature=0")
+    assert code == 0 and out.startswith(long) and "continues from the last 32" in err, err
+    _, cut, _ = run("sample.py", "--out_dir", run_dir, "--start", long[-32:], "--num_samples=1",
+                    "--max_new_tokens=8", "--temperature=0")
+    assert out[len(long):] == cut[32:]  # the same continuation: the model saw the same 32 tokens
+
+
 def test_sample_compile_compiles_the_decode_step(run_dir):
     """--compile: the same greedy text as eager (past the context of 32 tokens, where the window restarts), and
     the compile time reported once; dynamo compiles exactly one graph (TORCH_LOGS prints each graph it compiles)
