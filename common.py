@@ -62,8 +62,13 @@ class Interrupted(RunError):
     """Ctrl-C or SIGTERM stopped a run between two steps."""
 
 
-def fail(message):
-    if os.environ.get("RANK", "0") == "0":  # under torchrun every process fails alike: one line is enough
+class PeerLost(RunError):
+    """Another process of a distributed run stopped; each process that is left says so (rank 0 may be the lost
+    one)."""
+
+
+def fail(message, every_rank=False):
+    if every_rank or os.environ.get("RANK", "0") == "0":  # under torchrun every process fails alike: one line
         print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
 
@@ -73,9 +78,9 @@ def main_boundary(main):
     try:
         main(sys.argv[1:])
     except (ConfigError, RunError) as e:
-        if torch.distributed.is_initialized():
+        if torch.distributed.is_initialized() and not isinstance(e, PeerLost):
             torch.distributed.destroy_process_group()
-        fail(str(e))
+        fail(str(e), every_rank=isinstance(e, PeerLost))
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
                            errno.EISDIR, errno.ENOTDIR):
@@ -613,7 +618,8 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
 def load_state(model, state, model_name, path):
     """The weights of a checkpoint into model; ConfigError if they do not fit it or are not all finite."""
     if not isinstance(state, dict) or not all(torch.is_tensor(t) for t in state.values()):
-        raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train again")
+        raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train "
+                          "again")
     bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if bad is not None:
         raise ConfigError(f"the weights in {path} hold NaN or infinity ({bad}); restore it from a copy or train again")

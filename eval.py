@@ -658,6 +658,11 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     return result, model
 
 
+def number(value, spec):
+    """value formatted as spec, or 'not finite' (a table shows no NaN as a number)."""
+    return format(value, spec) if math.isfinite(value) else "not finite"
+
+
 def report(result, model, args):
     if args.json:
         if result.get("depth_map_uniform"):
@@ -669,12 +674,13 @@ def report(result, model, args):
     line = f"{result['model']} ({result['out_dir']}, {result['run']})"
     if "loss" in result:
         line += (f" on {result['dataset']}/{result['split']}: {result['tokens']:,} tokens | "
-                 f"loss {result['loss']:.4f} | perplexity {result['perplexity']:.3f}")
+                 f"loss {number(result['loss'], '.4f')} | perplexity {number(result['perplexity'], '.3f')}")
     if "loss_skip" in result:
-        line += f" | loss with skipping {result['loss_skip']:.4f}"
+        line += f" | loss with skipping {number(result['loss_skip'], '.4f')}"
     print(line)
     for row in result.get("logit_lens", []):
-        print(f"  layer {row['layer']:>2}: loss {row['loss']:.4f} | p(correct) {row['p_correct']:.4f}")
+        print(f"  layer {row['layer']:>2}: loss {number(row['loss'], '.4f')} | "
+              f"p(correct) {number(row['p_correct'], '.4f')}")
     if "depth_map" in result:
         doc = " ".join((model.depth_map.__doc__ or "").split())
         print(textwrap.indent(textwrap.fill(f"depth_map(): {doc}", 110), "  "))
@@ -690,7 +696,7 @@ def report(result, model, args):
         print(f"  multiple choice, {mc['k_shot']}-shot, {mc['questions']} questions from {mc['file']}: "
               f"acc {mc['acc']:.4f} | acc_norm {mc['acc_norm']:.4f} | chance {mc['chance']:.4f}")
     for task, metrics in result.get("lm_eval", {}).items():
-        print(f"  lm_eval {task}: " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        print(f"  lm_eval {task}: " + " | ".join(f"{k} {number(v, '.4f')}" for k, v in metrics.items()))
 
 
 def parse_args(argv):

@@ -175,8 +175,8 @@ def file_documents(paths, text_field):
                     if field not in row:
                         raise ConfigError(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
                     if text is not None and not isinstance(text, str):
-                        raise ConfigError(f"{path} record {n}: its {field!r} is {type(text).__name__} {str(text)[:40]!r}, "
-                                          "not text; fix the file or set --text_field")
+                        raise ConfigError(f"{path} record {n}: its {field!r} is {type(text).__name__} "
+                                          f"{str(text)[:40]!r}, not text; fix the file or set --text_field")
                     if text:
                         yield text
                     else:

@@ -350,7 +350,8 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     t0, cpu0 = time.time(), time.process_time()
     if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
         try:
-            train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}", *(["--resume"] if steps else [])])
+            train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}",
+                        *(["--resume"] if steps else [])])
         except Interrupted as e:
             raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; every finished run is in "
                               "results.json and this one's checkpoint is kept: run the same command again to go on")
@@ -362,7 +363,8 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
     evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
     log = os.path.join(out_dir, "log.jsonl")
-    for n, line in enumerate(read_text(log, "the run's log", "delete the run's folder to train it again").splitlines(), 1):
+    lines = read_text(log, "the run's log", "delete the run's folder to train it again").splitlines()
+    for n, line in enumerate(lines, 1):
         try:
             record = parse_json(line)
             if "val_loss" in record:

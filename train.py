@@ -21,6 +21,7 @@ import importlib.util
 import math
 import os
 import signal
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -28,9 +29,10 @@ import numpy as np
 import torch
 
 import hf
-from common import (DTYPES, SIZES, ConfigError, Interrupted, Log, RunError, autocast, build_model, check_resume, check_splits,
-                    load_state, lock_out_dir, main_boundary, model_names, open_split, option, parse_model_options,
-                    read_checkpoint, read_meta, resolve_device, resolve_dtype, save_checkpoint, settle_log)
+from common import (DTYPES, SIZES, ConfigError, Interrupted, Log, PeerLost, RunError, autocast, build_model,
+                    check_resume, check_splits, load_state, lock_out_dir, main_boundary, model_names, open_split,
+                    option, parse_model_options, read_checkpoint, read_meta, resolve_device, resolve_dtype,
+                    save_checkpoint, settle_log)
 
 
 @dataclass
@@ -249,6 +251,13 @@ def catch_stop_signals():
     return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
+def lost_peer(error):
+    """Whether a collective failed because another process of the run is gone."""
+    return isinstance(error, torch.distributed.DistError) or any(
+        s in str(error) for s in ("Connection closed by peer", "Connection reset by peer", "remote worker",
+                                  "NCCL communicator was aborted", "Broken pipe"))
+
+
 def this_process(cfg):
     """The Process this is: one, or one of torchrun's."""
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -261,6 +270,23 @@ def this_process(cfg):
     if device.type == "cuda" and world > 1:  # one GPU per process
         device = resolve_device(f"cuda:{local_rank}")
     return Process(world, rank, accum // world, device, resolve_dtype(cfg.dtype, device))
+
+
+def keep_global_batch(proc, cfg, ckpt):
+    """A resumed run takes the micro-steps per optimiser step it was saved with, whatever the number of processes
+    now, so that it reads the windows the uninterrupted run would have (unless --gradient_accumulation_steps says
+    otherwise)."""
+    saved = (ckpt.get("run") or {}).get("gradient_accumulation_steps") if ckpt else None
+    if cfg.gradient_accumulation_steps or not isinstance(saved, int) or saved == proc.world * proc.accum:
+        return
+    if saved % proc.world:
+        raise ConfigError(f"the run was saved with {saved} micro-steps per optimiser step, which {proc.world} "
+                          f"processes cannot share; resume it on a number of processes that divides {saved}, or pass "
+                          "--gradient_accumulation_steps (a new global batch)")
+    proc.accum = saved // proc.world
+    if proc.rank == 0:
+        print(f"note: resumed on {proc.world} process(es), the run keeps its global batch: {saved} micro-steps per "
+              f"optimiser step, {proc.accum} per process", file=sys.stderr)
 
 
 def make_model(module, model_args, cfg, ckpt, device):
@@ -346,6 +372,7 @@ def main(argv):
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
     ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
+    keep_global_batch(proc, cfg, ckpt)
     check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
     if world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if device.type == "cuda":
@@ -414,6 +441,12 @@ def main(argv):
     except KeyboardInterrupt:
         kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
         raise Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
+    except RuntimeError as e:  # a collective whose peer is gone (gloo: connection closed; NCCL: aborted)
+        if world == 1 or not lost_peer(e):
+            raise
+        kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
+        raise PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; continue "
+                       "with --resume once every process can run")
     finally:
         log.close()
         for s, handler in handlers.items():

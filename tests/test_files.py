@@ -43,7 +43,8 @@ READERS = {
                      lambda t: t.replace('"dropout": null', '"dropout": NaN', 1)),
     "mc": ("mc.jsonl", lambda r: ("eval.py", ["--out_dir", f"{r}/run", "--loss=false", "--mc", f"{r}/mc.jsonl",
                                               "--k_shot=1"]),
-           lambda t: t.replace('"label": 0', '"label": "zero"', 1), lambda t: t.replace('"label": 0', '"label": NaN', 1)),
+           lambda t: t.replace('"label": 0', '"label": "zero"', 1),
+           lambda t: t.replace('"label": 0', '"label": NaN', 1)),
     "log_curves": ("run/log.jsonl", lambda r: ("eval.py", ["--curves", f"{r}/run", "--plot=false"]),
                    lambda t: t.replace('"iter": 0', '"iter": "zero"', 1),
                    lambda t: t.replace('"val_loss": ', '"val_loss": NaN, "was": ', 1)),
@@ -65,7 +66,8 @@ READERS = {
                lambda t: t.replace("max_iters = 1", "max_iters = 'one'"),
                lambda t: t.replace("learning_rate = 1e-3", "learning_rate = float('nan')")),
     "hf_config": ("hf/config.json", lambda r: ("train.py", ["--init_from", f"{r}/hf", "--data_dir", f"{r}/data",
-                                                            "--out_dir", f"{r}/new", "--max_iters=0", "--block_size=32"]),
+                                                            "--out_dir", f"{r}/new", "--max_iters=0",
+                                                            "--block_size=32"]),
                   lambda t: t.replace('"hidden_size": 32', '"hidden_size": "32"'),
                   lambda t: t.replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": NaN')),
     "hf_weights": ("hf/model.safetensors", lambda r: ("train.py", ["--init_from", f"{r}/hf", "--data_dir",
@@ -75,7 +77,8 @@ READERS = {
     "results": ("results/results.json", lambda r: ("sweep.py", ["--table_only", f"--results={r}/results",
                                                                 f"--data_dir={r}/data", "--reuse=", "--block_size=32",
                                                                 "--device=cpu"]),
-                lambda t: t.replace('"runs": []', '"runs": "none"'), lambda t: t.replace('"seeds"', '"x": NaN, "seeds"')),
+                lambda t: t.replace('"runs": []', '"runs": "none"'),
+                lambda t: t.replace('"seeds"', '"x": NaN, "seeds"')),
 }
 
 # what a success rewrites besides new files: train.py --resume continues the run (a log's lines that are not records
@@ -101,7 +104,8 @@ def good(data_dir, tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(dropout=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
     os.makedirs(root / "tok")
     tok.save(str(root / "tok" / "tokenizer.json"))
     (root / "mc.jsonl").write_text(MC)

@@ -110,8 +110,8 @@ def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, c
     holder = common.lock_out_dir(str(run))  # as a run in progress holds it
     try:
         before = checksums(run)
-        code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume", "--max_iters=8"],
-                              capsys)
+        code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume",
+                                               "--max_iters=8"], capsys)
         assert_one_error_line(code, err, "another run is writing to")
         assert checksums(run) == before
     finally:
@@ -167,3 +167,47 @@ def test_prepare_keeps_name_inside_out_dir(name, tmp_path, capsys):
                                           name, "--num_proc=1"], capsys)
     assert_one_error_line(code, err, "--name")
     assert checksums(tmp_path) == before
+
+
+def test_a_resumed_run_keeps_its_global_batch(data, tmp_path, capsys):
+    """Saved with 2 micro-steps per optimiser step and resumed without saying so (as after a run on 2 processes
+    continued on 1): the run keeps 2, says so, and ends where the uninterrupted run ends."""
+    args = ["--data_dir", str(data), "--eval_interval=2", "--log_interval=1", *TINY]
+    train.main([*args, "--out_dir", str(tmp_path / "full"), "--max_iters=4", "--gradient_accumulation_steps=2"])
+    train.main([*args, "--out_dir", str(tmp_path / "part"), "--max_iters=2", "--gradient_accumulation_steps=2"])
+    capsys.readouterr()
+    train.main([*args, "--out_dir", str(tmp_path / "part"), "--max_iters=4", "--resume"])
+    assert "keeps its global batch: 2 micro-steps per optimiser step" in capsys.readouterr().err
+    full, part = (torch.load(tmp_path / r / "ckpt.pt", weights_only=False) for r in ("full", "part"))
+    assert part["run"]["gradient_accumulation_steps"] == 2
+    assert part["run"]["tokens_per_step"] == full["run"]["tokens_per_step"]
+    assert part["best_val_loss"] == full["best_val_loss"]
+    for name, t in full["model"].items():
+        assert torch.equal(t, part["model"][name]), name
+
+
+def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
+    """kill -9 of one of two processes: the one left ends in one `error:` line naming the checkpoint kept (its
+    collective lost its peer), not a traceback; the checkpoint and the log are whole."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir", str(run), "--max_iters=100000",
+           "--eval_interval=20", "--eval_iters=1", "--batch_size=2", *TINY]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(run / "ckpt.pt") or len(records(run / "log.jsonl")) < 2:  # saved at step 0 and 20
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "timeout"
+            time.sleep(0.2)
+        workers = subprocess.run(["pgrep", "-f", f"train.py --data_dir {data} --out_dir {run}"], capture_output=True,
+                                 text=True).stdout.split()
+        os.kill(int(max(workers, key=int)), signal.SIGKILL)  # the later-started worker
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "another process of this run stopped" in ours[0] and "is kept in" in ours[0], err[-3000:]
+    assert "[rank" not in err  # no worker's traceback (torchrun's own report of the killed worker follows)
+    common.read_checkpoint(str(run / "ckpt.pt"))
+    assert all("iter" in r for r in records(run / "log.jsonl"))

@@ -253,4 +253,5 @@ def test_cache_reads_the_source_layers_cache(overrides):
         parts = [model(idx[:, a:b], cache=cache)[0] for a, b in ((0, 9), (9, 15), (15, 16), (16, 17), (17, 20))]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
     prompt = tokens(length=6)
-    assert torch.equal(generate(model, prompt, 20, temperature=0), generate(model, prompt, 20, temperature=0, use_cache=False))
+    assert torch.equal(generate(model, prompt, 20, temperature=0),
+                       generate(model, prompt, 20, temperature=0, use_cache=False))
