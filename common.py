@@ -223,7 +223,8 @@ def parse_model_options(config_class, argv, doc):
     model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
     unknown = set(from_files) - train_fields - model_fields
     if unknown:
-        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}; a preset sets "
+                          "options, and names starting with _ (and imports and functions) are its own helpers")
     for cls, names in ((config_class, train_fields), (module.GPTConfig, model_fields)):
         try:  # a preset's values are Python values: their types are checked here, not parsed by argparse
             check_config(cls, {k: v for k, v in from_files.items() if k in names})

@@ -173,3 +173,46 @@ def test_every_bad_file_is_one_line_and_keeps_every_file(reader, variant, good, 
     assert len(lines) == 1, err[-2000:]
     assert os.path.basename(path) in lines[0] or os.path.basename(os.path.dirname(path)) in lines[0], lines[0]
     assert after == before, lines[0]
+
+
+# ---- the cases a hostile probe found, each once ------------------------------------------------------------------
+
+def test_a_preset_is_a_python_file_with_helpers(good, tmp_path, capsys):
+    """Imports, helper functions, private names and a comprehension over the file's own names are allowed; only
+    plain values are options. sys.exit in a preset is one line, like any other failure of the file."""
+    preset = tmp_path / "helpers.py"
+    preset.write_text("import math\n_layers = 2\ndef half(x):\n    return x // 2\nn_layer = _layers\n"
+                      "n_embd = 32 * half(2)\n_sizes = [n_layer * k for k in range(2)]\nmax_iters = _sizes[1] - 1\n"
+                      "learning_rate = 10 ** -math.log10(1000)\n")
+    values = train.parse_args([str(preset), "--data_dir", str(good / "data")])
+    assert (values[0].max_iters, values[0].learning_rate, values[1]["n_layer"], values[1]["n_embd"]) == (1, 1e-3, 2, 32)
+    (tmp_path / "other.py").write_text("max_iters = 1\nsizes = [1, 2]\n")  # a plain value is an option: named
+    code, _, err = run_script("train.py", [tmp_path / "other.py", "--data_dir", good / "data"], capsys)
+    assert code == 1 and "unknown option(s) sizes" in err and "starting with _" in err, err
+    (tmp_path / "bye.py").write_text("import sys\nsys.exit('bye')\n")
+    code, _, err = run_script("train.py", [tmp_path / "bye.py", "--data_dir", good / "data"], capsys)
+    assert code == 1 and err.startswith("error: config file") and "bye.py fails: SystemExit: bye" in err, err
+
+
+def test_a_checkpoint_that_is_a_folder_is_named_as_such(good, tmp_path, capsys):
+    os.makedirs(tmp_path / "run" / "ckpt.pt")
+    code, _, err = run_script("sample.py", ["--out_dir", tmp_path / "run"], capsys)
+    assert code == 1 and "is a folder, not a file" in err and "train one" not in err, err
+
+
+def test_mc_says_the_shots_it_used_and_json_is_strict(good, tmp_path, capsys):
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(MC.splitlines(keepends=True)[:2]))
+    code, out, err = run_script("eval.py", ["--out_dir", good / "run", "--loss=false", "--mc", two], capsys)
+    assert code == 0 and "1-shot, 2 questions" in out and "1-shot, not 4-shot" in err, out + err
+    # weights that are finite but overflow the logits: a loss that is not finite, written as null (JSON has no NaN)
+    run = tmp_path / "overflow"
+    shutil.copytree(good / "run", run)
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False)
+    ckpt["model"]["lm_head.weight"].fill_(3e38)
+    torch.save(ckpt, run / "ckpt.pt")
+    code, out, err = run_script("eval.py", ["--out_dir", run, "--json", "--data_dir", good / "data"], capsys)
+    record = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in --json output"))
+    assert code == 0 and record["loss"] is None and "written as null" in err, out + err
+    code, out, err = run_script("eval.py", ["--out_dir", run, "--data_dir", good / "data"], capsys)
+    assert code == 0 and "loss not finite" in out and "nan" not in out.lower(), out
