@@ -361,6 +361,9 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     T = model.config.block_size
     val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
     loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
+    if not math.isfinite(loss[-1].item()):  # a table shows no NaN as a number: the run is refused, not recorded
+        raise ConfigError(f"the run {out_dir} has a validation loss that is not finite ({loss[-1].item()}); "
+                          f"delete its folder and check --train_args, or leave {label} out of --runs")
     evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
     log = os.path.join(out_dir, "log.jsonl")
     lines = read_text(log, "the run's log", "delete the run's folder to train it again").splitlines()
