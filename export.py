@@ -1,10 +1,13 @@
 """
-A vanilla run as a Hugging Face model folder: python export.py --out_dir out/run --to models/run-hf
+A run as a Hugging Face model folder: python export.py --out_dir out/run --to models/run-hf
 
-Writes config.json (Qwen3ForCausalLM when the model has QK-norm, else LlamaForCausalLM) and model.safetensors,
-plus the tokenizer files when the run's data came from `prepare.py --tokenizer hf:DIR`; the folder loads with
-transformers' AutoModelForCausalLM.from_pretrained. Only model_vanilla.py's architecture exists in transformers:
-the other model files have parameters and connections it does not know.
+A vanilla run becomes a plain Llama or Qwen3 folder (config.json, model.safetensors: Qwen3ForCausalLM when the
+model has QK-norm, else LlamaForCausalLM), which transformers loads as it loads theirs. A run of any other model
+file becomes a transformers custom-code folder: config.json with model_type, architectures and auto_map,
+model.safetensors with every tensor of the checkpoint, the model file as this repository ships it and
+hf_model.py, the short wrapper that runs it in transformers; it loads with
+AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). Both get the tokenizer files when the run's
+data came from `prepare.py --tokenizer hf:DIR`, and both come back with `train.py --init_from DIR`.
 """
 import os
 from dataclasses import dataclass
@@ -35,14 +38,15 @@ def main(argv):
     if os.path.exists(args.to) and (not os.path.isdir(args.to) or os.listdir(args.to)):
         raise ConfigError(f"--to {args.to} exists and is not an empty folder; choose another --to or remove it")
     model, _, ckpt = load_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
-    if ckpt["model_name"] != "vanilla":
-        raise ConfigError(f"{args.out_dir} holds a model_{ckpt['model_name']}.py run; only model_vanilla.py's "
-                          "architecture exists in transformers, so only vanilla runs can be exported")
     model_args = dict(vars(model.config))  # the checkpoint's options, with the defaults of any it predates
     source = ckpt.get("train_config", {}).get("init_from") or None
+    dtype = getattr(torch, args.dtype)
     try:
-        config = hf.export(model.state_dict(), model_args, args.to, ckpt["meta"], source,
-                           dtype=getattr(torch, args.dtype))
+        if ckpt["model_name"] == "vanilla":  # transformers' own Llama or Qwen3
+            config = hf.export(model.state_dict(), model_args, args.to, ckpt["meta"], source, dtype=dtype)
+        else:
+            config = hf.export_custom(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"],
+                                      dtype=dtype)
     except hf.HFError as e:
         raise ConfigError(str(e))
     print(f"wrote {args.to}: {config['architectures'][0]}, {sum(p.numel() for p in model.parameters()):,} "

@@ -1,9 +1,10 @@
 """
-Hugging Face model folders in and out: pretrained Llama and Qwen3 weights for any model file, and a vanilla run
-written back as a folder that transformers loads.
+Hugging Face model folders in and out: pretrained Llama and Qwen3 weights for any model file, a vanilla run
+written back as a Llama or Qwen3 folder, and a run of any other model file as a transformers custom-code folder
+(hf_model.py beside the model file; export_custom, read_custom), which comes back whole.
 
     python train.py --model attnres --init_from ~/models/Qwen3-0.6B ...    # start from the pretrained model
-    python export.py --out_dir out/run --to ~/models/run-hf                 # a vanilla run as a HF folder
+    python export.py --out_dir out/run --to ~/models/run-hf                 # a run as a HF folder
 
 A folder is what transformers' save_pretrained writes: config.json, model.safetensors (or shards listed in
 model.safetensors.index.json) and, where the model has one, tokenizer.json with its companions. Nothing here
@@ -220,7 +221,11 @@ def init_args(folder, module, model_args, explicit, meta):
     """The model options of a run that starts from folder: model_args with the shared ones from config.json.
     Checks, before anything is written, that no option given on the command line contradicts config.json, that
     the tokenizer is the data's, and that every tensor has its name and shape. Returns the new model_args."""
-    hf_args = read_config(folder)
+    if is_custom(folder):  # a run exported by export.py: its whole architecture, and every tensor
+        hf_args, tensors = read_custom(folder, module)
+        hf_args = {k: v for k, v in hf_args.items() if k not in ("block_size", "dropout") or k not in explicit}
+    else:
+        hf_args = read_config(folder)
     differ = [f"--{k} {model_args[k]} (config.json: {v})" for k, v in hf_args.items()
               if k in explicit and model_args[k] != v]
     if differ:
@@ -233,7 +238,13 @@ def init_args(folder, module, model_args, explicit, meta):
             model = module.GPT(module.GPTConfig(**model_args))
     except (ValueError, AssertionError, ZeroDivisionError) as e:
         raise HFError(f"{module.__name__}.py rejects the architecture of {folder}: {e}")
-    check_weights(folder, model)
+    if is_custom(folder):
+        try:
+            common.load_state(model.to_empty(device="cpu"), tensors, module.__name__[6:], f"{folder}/model.safetensors")
+        except common.ConfigError as e:
+            raise HFError(f"{e}; the weights and config.json of {folder} do not belong together")
+    else:
+        check_weights(folder, model)
     if unchecked:  # once every check has passed: a failing run says one thing only
         note(unchecked)
     return model_args
@@ -243,6 +254,10 @@ def init_args(folder, module, model_args, explicit, meta):
 def load_weights(model, folder):
     """Copy the folder's tensors into model's shared parameters (in their dtype and device); every parameter the
     folder does not name keeps its value. Returns the names loaded (ours)."""
+    if is_custom(folder):  # every tensor, the method's own included
+        _, tensors = read_custom(folder, sys.modules[type(model).__module__])
+        model.load_state_dict(tensors)
+        return list(tensors)
     files = check_weights(folder, model)
     st, want, ours = safetensors(), shared_names(model), model.state_dict()
     loaded = []
@@ -301,16 +316,23 @@ def to_hf_state(state, model_args):
 
 
 def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.float32):
-    """Write the folder `to` (which must not exist or be empty): config.json, model.safetensors and the tokenizer
-    files of an hf: tokenizer. Written in a temporary folder beside it, then renamed into place."""
-    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
-        raise HFError(f"--to {to} exists and is not an empty folder; choose another --to or remove it")
+    """Write the folder `to` (which must not exist or be empty) of a vanilla run: config.json, model.safetensors
+    and the tokenizer files of an hf: tokenizer."""
     source = {}
     if source_folder and os.path.isfile(os.path.join(source_folder, "config.json")):
         source = read_json(os.path.join(source_folder, "config.json"))
     config = hf_config(model_args, source, (meta or {}).get("eot_token"))
     tensors = {k: v.to(dtype) for k, v in to_hf_state(state, model_args).items()}
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    write_folder(to, config, tensors, {}, meta)
+    return config
+
+
+def write_folder(to, config, tensors, files, meta):
+    """config.json, model.safetensors (tensors), files ({name: text}) and the tokenizer files of an hf: tokenizer,
+    written in a temporary folder beside `to`, then renamed into place."""
+    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
+        raise HFError(f"--to {to} exists and is not an empty folder; choose another --to or remove it")
     tokenizer = (meta or {}).get("tokenizer", "")
     copies = []
     if tokenizer.startswith("hf:"):
@@ -328,6 +350,9 @@ def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.flo
             f.write(common.dumps(config, indent=2))
             f.write("\n")
         safetensors().torch.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        for name, text in files.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(text)
         for path in copies:
             shutil.copy2(path, tmp)
         if os.path.isdir(to):
@@ -337,7 +362,65 @@ def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.flo
         raise HFError(f"cannot write {to} ({e.strerror}); choose another --to")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# every other model file: a transformers custom-code folder (hf_model.py), written and read back whole
+
+CUSTOM = "layer_connections"  # config.json's model_type of such a folder
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.float32):
+    """Write the folder `to` of a run of any model file: config.json (model_type layer_connections, auto_map to
+    hf_model.py; the run's model name and options), model.safetensors (every tensor of the checkpoint, under
+    model.), the model file as this repository ships it, hf_model.py with its import line naming that file, and
+    the tokenizer files of an hf: tokenizer."""
+    config = {"architectures": ["LayersForCausalLM"], "model_type": CUSTOM,
+              "auto_map": {"AutoConfig": "hf_model.LayersConfig", "AutoModelForCausalLM": "hf_model.LayersForCausalLM"},
+              "model_name": model_name, "model_args": model_args, "vocab_size": model_args["vocab_size"],
+              "max_position_embeddings": model_args["block_size"], "tie_word_embeddings": False,
+              "eos_token_id": (meta or {}).get("eot_token"), "torch_dtype": str(dtype).removeprefix("torch.")}
+    tensors = {f"model.{k}": (v.to(dtype) if v.is_floating_point() else v).detach().to("cpu").clone()
+               for k, v in state.items()}  # clone: safetensors stores no shared tensors (tied embeddings)
+    files = {}
+    for name in (f"model_{model_name}.py", "hf_model.py"):
+        with open(os.path.join(HERE, name), encoding="utf-8") as f:
+            files[name] = f.read()
+    files["hf_model.py"] = files["hf_model.py"].replace("from .model_vanilla import", f"from .model_{model_name} import", 1)
+    write_folder(to, config, tensors, files, meta)
     return config
+
+
+def read_custom(folder, module):
+    """(model_args, {name: tensor}) of a folder export_custom() wrote for module's model file; HFError, naming the
+    fix, for a folder of another model file, a missing file, a config.json that is not such a folder's."""
+    path = os.path.join(folder, "config.json")
+    c = read_json(path)
+    name, args = c.get("model_name"), c.get("model_args")
+    if not isinstance(name, str) or not isinstance(args, dict):
+        raise HFError(f"{path} lacks model_name or model_args; export the run again with export.py")
+    if f"model_{name}" != module.__name__:
+        raise HFError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
+    for needed in (f"model_{name}.py", "hf_model.py"):
+        if not os.path.isfile(os.path.join(folder, needed)):
+            raise HFError(f"{folder} lacks {needed}, which transformers runs the model with; export the run again")
+    try:
+        common.checked(module.GPTConfig, **args)
+    except (ValueError, TypeError) as e:
+        raise HFError(f"{path}: model_args do not fit {module.__name__}.py ({e}); export the run again")
+    tensors = {}
+    st = safetensors()
+    for file in sorted(set(weight_files(folder).values())):
+        with st.safe_open(file, framework="pt") as f:
+            tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
+    return args, tensors
+
+
+def is_custom(folder):
+    """Whether folder's config.json is that of export_custom() (its model_type)."""
+    path = os.path.join(folder, "config.json")
+    return os.path.isfile(path) and read_json(path).get("model_type") == CUSTOM
 
 
 # ----------------------------------------------------------------------------------------------------------
