@@ -565,6 +565,8 @@ def make_lm_eval_adapter(model, encode, eot, block_size, batch_size, device, ctx
 def read_task_file(path):
     """An lm-eval task .yaml file, checked: UTF-8 YAML holding a mapping (lm-evaluation-harness reads it again)."""
     import yaml  # lm-evaluation-harness's own dependency
+    if not os.path.exists(path):
+        raise ConfigError(f"--lm_eval: no task file {path}; pass a task name or the path of a task .yaml file")
     fix = "fix the file (lm-evaluation-harness's task YAML)"
     text = read_text(path, "the --lm_eval task file", fix)
     try:

@@ -28,6 +28,17 @@ def model_cases():
 SUB = "subprocess"
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models run many small ops: one thread is much faster than two contending for shared cores (a test
+    module takes it with pytestmark = pytest.mark.usefixtures("one_thread"))."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run_script(script, args, capsys, mode=""):
     """(exit code, stdout, stderr) of `python script args`: its real __main__ block run here, or with mode SUB in a
     subprocess."""

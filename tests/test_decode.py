@@ -17,15 +17,7 @@ from generate import compile_decode_step, decode_step, generate
 TINY = dict(vocab_size=257, block_size=16, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
 CASES = model_cases()
 IDS = [f"{name}-{variant}" for name, variant, _ in CASES]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run many small ops: one thread is much faster than two contending for shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(name, overrides, dtype=torch.float32, **extra):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers", reason="tests/test_hf.py compares with transformers' models: "
                                    "pip install -r requirements-eval.txt")
-pytestmark = pytest.mark.extras
+pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
 import export
 import hf
@@ -36,15 +36,6 @@ CONFIGS = {
                                               tie_word_embeddings=True),
 }
 CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: one thread runs them faster than several fighting over the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def main(*args):

@@ -13,27 +13,20 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the exported folders are checked with transformers: "
                                    "pip install -r requirements-eval.txt")
-pytestmark = pytest.mark.extras
+pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
 import common
 import export
 import train
 from conftest import ROOT, model_cases, run_script
 from generate import generate
+from prepare import decode_bytes
 from test_errors import assert_one_error_line
 
 TINY = ["--n_layer=4", "--n_head=4", "--n_kv_head=2", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
         "--batch_size=2", "--eval_iters=1", "--device=cpu"]
 CASES = model_cases()
 IDS = [f"{name}-{variant}" for name, variant, _ in CASES]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def options(overrides):
@@ -87,6 +80,12 @@ def test_export_loads_in_transformers_computes_the_same_and_comes_back(name, var
     want = generate(ours, prompt, n, temperature=0)
     got = theirs.generate(prompt, max_new_tokens=n, do_sample=False)
     assert torch.equal(got, want)
+
+    # and sample.py's text, from a checkpoint, equals transformers' greedy tokens after the same prompt
+    code, text, err = run_script("sample.py", ["--out_dir", run, "--start", "ROMEO:", "--num_samples=1",
+                                               f"--max_new_tokens={n}", "--temperature=0", "--device=cpu"], capsys)
+    ids = theirs.generate(torch.tensor([list(b"ROMEO:")]), max_new_tokens=n, do_sample=False)[0].tolist()
+    assert code == 0 and text.split("\n---------------")[0] == decode_bytes(ids)
 
     # export, then --init_from, then export: the same files, every tensor the method's own included
     again = tmp_path / "again"

@@ -134,3 +134,18 @@ def test_a_task_file_that_is_not_there(run_dir):
     args = argparse.Namespace(lm_eval=os.path.join(TASKS, "nothing.yaml"), batch_size=4, k_shot=0, mc_limit=0)
     with pytest.raises(evalpy.ConfigError, match="no task file"):
         evalpy.run_lm_eval(model, None, 256, 32, args, "cpu", nullcontext())
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("task: x\n  output_type: [multiple_choice\n", "is not readable YAML line"),  # the parser's error, one line
+    ("- a list\n- not a task\n", "holds no task"),
+    (b"task: caf\xe9\n", "is not UTF-8 text"),
+])
+def test_a_bad_task_file_is_one_line(text, fragment, run_dir, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    model, _, _ = evalpy.load_checkpoint(run_dir)
+    args = argparse.Namespace(lm_eval=str(path), batch_size=4, k_shot=0, mc_limit=0)
+    with pytest.raises(evalpy.ConfigError, match=fragment) as e:
+        evalpy.run_lm_eval(model, None, 256, 32, args, "cpu", nullcontext())
+    assert "bad.yaml" in str(e.value) and "\n" not in str(e.value)
