@@ -177,8 +177,7 @@ def attention_mask(T, Tk, past, device):
 
 
 def decode_attention(q, k, v, mask):
-    """A decode step's attention, q (B, H, 1, hd) against the whole cache k, v (B, H_kv, S, hd): each KV head's
-    query heads become its rows, so that SDPA needs no GQA flag, which its fused kernels refuse with a mask."""
+    """A decode step's attention over the whole cache, each KV head's query heads as its rows (docs/contract.md)."""
     B, H, _, hd = q.shape
     y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
         q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
