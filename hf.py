@@ -221,8 +221,9 @@ def init_args(folder, module, model_args, explicit, meta):
     """The model options of a run that starts from folder: model_args with the shared ones from config.json.
     Checks, before anything is written, that no option given on the command line contradicts config.json, that
     the tokenizer is the data's, and that every tensor has its name and shape. Returns the new model_args."""
-    if is_custom(folder):  # a run exported by export.py: its whole architecture, and every tensor
-        hf_args, tensors = read_custom(folder, module)
+    custom = is_custom(folder)
+    if custom:  # a run exported by export.py: its whole architecture (--block_size and --dropout may differ)
+        hf_args = read_custom(folder, module)
         hf_args = {k: v for k, v in hf_args.items() if k not in ("block_size", "dropout") or k not in explicit}
     else:
         hf_args = read_config(folder)
@@ -238,13 +239,7 @@ def init_args(folder, module, model_args, explicit, meta):
             model = module.GPT(module.GPTConfig(**model_args))
     except (ValueError, AssertionError, ZeroDivisionError) as e:
         raise HFError(f"{module.__name__}.py rejects the architecture of {folder}: {e}")
-    if is_custom(folder):
-        try:
-            common.load_state(model.to_empty(device="cpu"), tensors, module.__name__[6:], f"{folder}/model.safetensors")
-        except common.ConfigError as e:
-            raise HFError(f"{e}; the weights and config.json of {folder} do not belong together")
-    else:
-        check_weights(folder, model)
+    (check_custom_weights if custom else check_weights)(folder, model)
     if unchecked:  # once every check has passed: a failing run says one thing only
         note(unchecked)
     return model_args
@@ -254,9 +249,15 @@ def init_args(folder, module, model_args, explicit, meta):
 def load_weights(model, folder):
     """Copy the folder's tensors into model's shared parameters (in their dtype and device); every parameter the
     folder does not name keeps its value. Returns the names loaded (ours)."""
-    if is_custom(folder):  # every tensor, the method's own included
-        _, tensors = read_custom(folder, sys.modules[type(model).__module__])
-        model.load_state_dict(tensors)
+    if is_custom(folder):  # every tensor, the method's own included (and all finite)
+        st, tensors = safetensors(), {}
+        for path in sorted(set(check_custom_weights(folder, model).values())):
+            with st.safe_open(path, framework="pt") as f:
+                tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
+        try:
+            common.load_state(model, tensors, type(model).__module__[6:], f"{folder}/model.safetensors")
+        except common.ConfigError as e:
+            raise HFError(str(e))
         return list(tensors)
     files = check_weights(folder, model)
     st, want, ours = safetensors(), shared_names(model), model.state_dict()
@@ -387,14 +388,15 @@ def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.floa
     for name in (f"model_{model_name}.py", "hf_model.py"):
         with open(os.path.join(HERE, name), encoding="utf-8") as f:
             files[name] = f.read()
-    files["hf_model.py"] = files["hf_model.py"].replace("from .model_vanilla import", f"from .model_{model_name} import", 1)
+    files["hf_model.py"] = files["hf_model.py"].replace("from .model_vanilla import", f"from .model_{model_name} import",
+                                                        1)  # the one line that names the model file
     write_folder(to, config, tensors, files, meta)
     return config
 
 
 def read_custom(folder, module):
-    """(model_args, {name: tensor}) of a folder export_custom() wrote for module's model file; HFError, naming the
-    fix, for a folder of another model file, a missing file, a config.json that is not such a folder's."""
+    """The model_args of a folder export_custom() wrote for module's model file; HFError, naming the fix, for a
+    folder of another model file, a missing file, a config.json that is not such a folder's."""
     path = os.path.join(folder, "config.json")
     c = read_json(path)
     name, args = c.get("model_name"), c.get("model_args")
@@ -409,12 +411,22 @@ def read_custom(folder, module):
         common.checked(module.GPTConfig, **args)
     except (ValueError, TypeError) as e:
         raise HFError(f"{path}: model_args do not fit {module.__name__}.py ({e}); export the run again")
-    tensors = {}
-    st = safetensors()
-    for file in sorted(set(weight_files(folder).values())):
-        with st.safe_open(file, framework="pt") as f:
-            tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
-    return args, tensors
+    return args
+
+
+def check_custom_weights(folder, model):
+    """The folder's tensors are model.<every tensor of model's state_dict>, each of its shape (read from the file
+    headers; model may be on the meta device). Returns weight_files()."""
+    files = weight_files(folder)
+    shapes = {}
+    for path in sorted(set(files.values())):
+        shapes.update(tensor_shapes(path))
+    want = {f"model.{k}": tuple(t.shape) for k, t in model.state_dict().items()}
+    if shapes != want:
+        wrong = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
+        raise HFError(f"the weights in {folder} do not fit its config.json (first: {wrong[0]}); the weights and "
+                      "config.json do not belong together: export the run again")
+    return files
 
 
 def is_custom(folder):

@@ -171,9 +171,9 @@ def file_documents(paths, text_field):
                 # glob.escape: datasets reads data_files as patterns, and a name such as notes[1].txt is a name
                 for n, row in enumerate(datasets.load_dataset(builder, data_files=glob.escape(path), split="train",
                                                               streaming=True, **kwargs), 1):
-                    text = row.get(field)
                     if field not in row:
                         raise ConfigError(f"{path} has no field {field!r} (its fields: {', '.join(row)}); set --text_field")
+                    text = row[field]
                     if text is not None and not isinstance(text, str):
                         raise ConfigError(f"{path} record {n}: its {field!r} is {type(text).__name__} "
                                           f"{str(text)[:40]!r}, not text; fix the file or set --text_field")
