@@ -151,22 +151,22 @@ def interleaved(vanilla, run, repeats):
 
 def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
     """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
-    skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of those forwards."""
+    skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of the generated text."""
     if not hasattr(model, "inference") or not getattr(model, "gates", None):
         return {}  # a model without gates (skipmiddle-dense) has nothing to skip
     times = {True: [], False: []}
     with torch.no_grad(), ctx:
-        model.stats()  # drop the gate statistics of earlier forwards
         for _ in range(repeats):
             for skip in (False, True):
                 synchronize(device)
                 t0 = time.perf_counter()
-                generate(model, prompt, n_tokens, temperature=0, skip=skip)
+                text = generate(model, prompt, n_tokens, temperature=0, skip=skip)
                 synchronize(device)
                 times[skip].append(time.perf_counter() - t0)
+        est_flops_ratio = model.stats(text[:, -model.config.block_size:]).get("est_flops_ratio")  # its gates
     dense, skipping = statistics.median(times[False]), statistics.median(times[True])
     return {"sample_tok_s_skip": n_tokens / skipping, "sample_tok_s_dense": n_tokens / dense,
-            "skip_time_ratio": skipping / dense, "est_flops_ratio": model.stats().get("est_flops_ratio")}
+            "skip_time_ratio": skipping / dense, "est_flops_ratio": est_flops_ratio}
 
 
 def close_gates(model, first):

@@ -147,8 +147,8 @@ def plot_logit_lens(plt, results, path):
 
 @torch.no_grad()
 def read_depth_map(model, model_name, data, block_size, batch_size, device, ctx):
-    """model.depth_map() as a float tensor (rows, sources), after one forward over the first validation windows:
-    attnres and aila record their input-dependent weights during a forward, skipmiddle its gates."""
+    """model.depth_map(x) as a float tensor (rows, sources), on the first validation windows x: attnres's and aila's
+    weights depend on the input, and skipmiddle's gates."""
     if not hasattr(model, "depth_map"):
         raise ConfigError(f"model_{model_name}.py has no depth_map(): it learns no cross-layer weights to show; "
                           "--depth_map applies to the models whose file defines one")
@@ -156,13 +156,7 @@ def read_depth_map(model, model_name, data, block_size, batch_size, device, ctx)
     n = max(1, min(batch_size, len(data) // T))
     x = torch.from_numpy(data[:n * T].astype(np.int64)).view(n, T).to(device)
     with ctx:
-        model(x)
-    try:
-        m = model.depth_map()
-    except RuntimeError as e:
-        raise ConfigError(f"model_{model_name}.py's depth_map() failed after a forward pass: {e}")
-    if m is None:
-        raise ConfigError(f"model_{model_name}.py's depth_map() returned nothing after a forward pass")
+        m = model.depth_map(x)
     return m.detach().float().cpu()
 
 
@@ -203,16 +197,15 @@ def depth_map_layout(model, name, m):
                       cbar="alpha (softmax weight of the source)", valid=causal,
                       learned=getattr(model, "va_scores", None) is not None)
     elif name == "aila":  # mean alpha: layer j reads h_0..h_{j-1}; arch 1 also h~_j, in column j
-        counts = [row.numel() for row in getattr(model, "maps", [])]
+        counts = [j + 1 + (cols > rows) for j in range(rows)]  # layer j (0-indexed): j + 1 sources, arch 1 also h~_j
         layout.update(columns=sources, cbar="mean alpha (over tokens and heads)", learned=True,
-                      valid=read_counts(counts, rows, cols) if len(counts) == rows else causal,
+                      valid=read_counts(counts, rows, cols),
                       xlabel="source: the embedding (emb), then layer j's output (j)"
                       + ("; row j's column j: its own block output" if cols > rows else ""))
     elif name == "attnres":  # mean softmax weight: the embedding, then block n's (partial) sum
-        counts = [len(mix.mean_weights) for mix in model.mixes()] if hasattr(model, "mixes") else []
         full = getattr(model.config, "attn_res", "") == "full"
         layout.update(columns=sources, cbar="mean softmax weight (over tokens)", learned=True,
-                      valid=read_counts(counts, rows, cols) if len(counts) == rows else m > 0,
+                      valid=read_counts(model.sources_per_mix(), rows, cols),
                       xlabel="source: the embedding (emb), then " + ("sublayer n's output (n)" if full else
                                                                       "block n's sum (n; partial while open)"))
     elif name == "skiplayer":  # fixed: the fraction of layer l's query heads reading layer j's keys and values

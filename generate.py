@@ -2,11 +2,11 @@
 Generation for every model file: prefill, the one-token decode step, the loop with its window rule, sampling.
 
 A model file holds what a cached forward pass needs (gpt-fast's split of model.py and generate.py): its KVCache
-(what it stores, how a step writes it, how it is emptied), the masks its attention reads, and
-forward(idx, cache=..., pos=...). This module drives it:
-    prefill      forward(window, cache=cache) writes the keys and values of the whole window into the cache;
-    decode step  forward(token, cache=cache, pos=pos) with pos a (1,) tensor: one token against the whole
-                 preallocated cache under a mask of the filled positions. The shapes are the same at every
+(what it stores and how a step writes it), the masks its attention reads, and forward(idx, cache=..., input_pos=...),
+where input_pos holds the positions of idx's tokens. This module owns the position and drives it:
+    prefill      forward(window, cache=cache, input_pos=arange(T)) writes the keys and values of the whole window;
+    decode step  forward(token, cache=cache, input_pos=pos) with pos a (1,) tensor: one token against the whole
+                 preallocated cache under a mask of the positions up to pos. The shapes are the same at every
                  position (no .item(), no Python branch on pos), so torch.compile traces it once, and on CUDA a
                  kernel that plans per sequence length (cuDNN) plans once;
     the window   the model reads the last block_size tokens; when the window is full it restarts from the last
@@ -14,7 +14,8 @@ forward(idx, cache=..., pos=...). This module drives it:
                  is the same without the cache, so greedy tokens are the same either way;
     the cache    allocated once per model, cache class and batch size, and reused by every prompt and every
                  restart of the window: nothing is allocated per prompt, and a step recorded as a CUDA graph
-                 replays on the same addresses.
+                 replays on the same addresses;
+    sampling     without a host synchronisation per token (gpt-fast's exponential race, sample_next).
 The hook: a model whose generation is its method defines inference(**options) -> (forward, cache class), which
 the loop runs instead of its forward and KVCache (skipmiddle: forward_skip and SkipCache, so that tokens whose
 gate is 0 skip their blocks for real, in the prefill and in every decode step; the option is skip).
@@ -39,20 +40,20 @@ def inference(model, **options):
 
 
 def cache_for(model, cache_class, batch_size, device):
-    """model's cache of cache_class for batch_size rows, emptied: made on first use, then the same tensors."""
+    """model's cache of cache_class for batch_size rows: made on first use, then the same tensors (a new prompt
+    needs no emptying: the mask hides every position after the query's)."""
     caches = _caches.setdefault(model, {})
     dtype, cache = model.lm_head.weight.dtype, caches.get((cache_class, batch_size))
     if cache is None or (cache.k[0].device, cache.k[0].dtype) != (device, dtype):
         cache = caches[cache_class, batch_size] = cache_class(model.config, batch_size, device, dtype)
-    cache.reset()
     return cache
 
 
-def decode_step(model, idx, pos, cache):
-    """Logits (B, vocab) of one new token per row, idx (B, 1), at position pos (a long tensor of one element),
-    whose keys and values the model writes into cache at pos. cache.pos is the caller's to advance."""
+def decode_step(model, idx, input_pos, cache):
+    """Logits (B, vocab) of one new token per row, idx (B, 1), at position input_pos (a long tensor of one element),
+    whose keys and values the model writes into cache there."""
     with torch.no_grad():
-        logits, _ = model(idx, cache=cache, pos=pos.reshape(1))
+        logits, _ = model(idx, cache=cache, input_pos=input_pos.reshape(1))
     return logits[:, -1]
 
 
@@ -67,13 +68,13 @@ def compile_decode_step(model, device):
     compiled = torch.compile(own, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
     marked = weakref.WeakSet()
 
-    def step(idx, pos, cache):
+    def step(idx, input_pos, cache):
         if cache not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
             for tensors in vars(cache).values():
                 for t in tensors if isinstance(tensors, list) else ():
                     torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
             marked.add(cache)
-        return compiled(model, idx, pos, cache)
+        return compiled(model, idx, input_pos, cache)
     return step
 
 
@@ -81,7 +82,7 @@ def compile_decode_step(model, device):
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, step=None,
              **options):
     """Continue idx (B, T) by max_new_tokens tokens; temperature 0 is greedy decoding. With the cache, the
-    window is prefilled and every further token is one step(idx, pos, cache) (default decode_step; a script
+    window is prefilled and every further token is one step(idx, input_pos, cache) (default decode_step; a script
     passes compile_decode_step()'s); use_cache=False recomputes the whole window for every token. options go
     to the model's inference() hook (skipmiddle: skip)."""
     forward, cache_class = inference(model, **options)
@@ -93,14 +94,14 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             start, cache = idx.size(1) - S // 2, None
         if not use_cache:
             logits = forward(idx[:, start:])[0][:, -1]
-        elif cache is None:  # prefill the window
+        elif cache is None:  # prefill the window at positions 0..T-1
             cache = cache_for(model, cache_class, idx.size(0), idx.device)
-            logits = forward(idx[:, start:], cache=cache)[0][:, -1]
-            pos = torch.full((1,), cache.pos, dtype=torch.long, device=idx.device)
+            input_pos = torch.arange(idx.size(1) - start, device=idx.device)
+            logits = forward(idx[:, start:], cache=cache, input_pos=input_pos)[0][:, -1]
+            input_pos = input_pos[-1:] + 1  # the next token's position, (1,)
         else:
-            logits = step(nxt, pos, cache)
-            cache.pos += 1
-            pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
+            logits = step(nxt, input_pos, cache)
+            input_pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
         nxt = sample_next(logits, temperature, top_k, top_p)  # (B, 1), contiguous: the step's input
         idx = torch.cat((idx, nxt), dim=1)
     return idx
@@ -119,4 +120,7 @@ def sample_next(logits, temperature, top_k, top_p):
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
-    return torch.multinomial(logits.softmax(-1), num_samples=1)
+    # a sample of softmax(logits) without torch.multinomial's host synchronisation: argmax of p_i / E_i with E_i
+    # exponential (the index of the first of independent exponential clocks of rates p_i to ring)
+    probs = logits.softmax(-1)
+    return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1, keepdim=True)

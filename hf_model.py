@@ -80,12 +80,12 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
                                    "cache": None}
         elif idx.size(1) - g["start"] > S:  # the window is full: restart it from the last half context
             g["start"], g["cache"] = idx.size(1) - S // 2, None
-        if g["cache"] is None:  # prefill the window
+        if g["cache"] is None:  # prefill the window at positions 0..T-1
             g["cache"] = g["cache_class"](self.model.config, idx.size(0), idx.device, self.model.lm_head.weight.dtype)
-            logits = g["forward"](idx[:, g["start"]:], cache=g["cache"])[0][:, -1:]
-        else:  # one decode step: the newest token at the cache's next position
-            pos = torch.full((1,), g["cache"].pos, dtype=torch.long, device=idx.device)
-            logits = self.model(idx[:, -1:], cache=g["cache"], pos=pos)[0]
-            g["cache"].pos += 1
+            g["pos"] = torch.arange(idx.size(1) - g["start"], device=idx.device)
+            logits = g["forward"](idx[:, g["start"]:], cache=g["cache"], input_pos=g["pos"])[0][:, -1:]
+        else:  # one decode step: the newest token at the position after the last
+            logits = self.model(idx[:, -1:], cache=g["cache"], input_pos=g["pos"])[0]
+        g["pos"] = g["pos"][-1:] + 1
         g["ids"] = idx
         return logits

@@ -1,55 +1,18 @@
 """
 AILA: Adaptive Integrated Layered Attention, Architectures 1 and 2, adapted to a causal language model.
-Paper (the AILA paper): "Adaptive Integrated Layered Attention (AILA)" (William Claster, Suhas K M and Dhairya
-Gundechia, Northeastern University; no public code).
 
-The paper stacks 4 LSTM/conv layers; here a "layer" j = 1..L is one unchanged pre-norm block of model_vanilla.py:
-    h~_j = Block_j(h_{j-1}),   h_0 = embedding output.
-Layer j reads the sources h_0..h_{j-1} (layer 1 reads only h_0) and forms a_j from them, per token: a token's
-sources are its own vectors at earlier depths, so causality and the key/value cache are those of vanilla.
-
-Architecture 2 (aila_arch=2, default; eqs. 4-5). H = aila_heads (paper: 1), d_k = aila_dk (paper: 64), per head h:
-    q = W_Q^(h) h~_j,  k_i = W_K^(h) h_i,  v_i = W_V^(h) h_i   (in R^d_k; W_K, W_V shared by the sources of layer j)
-    alpha_i = softmax_i(q . k_i / sqrt(d_k))   over the j sources,     a_j = W_O [ sum_i alpha_i v_i ]_(concat heads)
-  Values have d_k per head, as the paper's 64-wide keys/queries/values; the paper adds a_j (width d_v = 64) to
-  a 64-wide LSTM state directly, our d is wider, so W_O (H d_k -> d) projects it back.
-  Computed by linearity as q.k_i = (W_K^T q).h_i and sum_i alpha_i W_V h_i = W_V (sum_i alpha_i h_i): one key and
-  one value product per layer instead of one per source (the float64 test checks the direct form). A key bias
-  would add the same q.b to every score, so W_K has none. MACs per token: 4 L d H d_k + H d L(L+1). The direct
-  form would cost O(j d H d_k) per token in layer j, 2 d H d_k (L + L(L+1)/2) + H d_k L(L+1) in all: W_K, W_V
-  belong to layer j, so every layer would project all its sources again and no key could be reused.
-
-Architecture 1 (aila_arch=1; eqs. 1-2), H = aila_heads as above. Candidates of layer j: c_i = W_{j,i} h_i for
-i < j, and c_j = h~_j (the paper's "self" term, so a_j carries a share of h~_j itself).
-    W_{j,i}: d x d (aila_rank=0), or U V^T of rank r = aila_rank (L(L+1)/2 pairs make full d x d costly)
-    s_c^(k) = < c^(k), w_{j,c}^(k) >   head k = 1..H reads the k-th d/H slice; one scorer per (layer, candidate)
-    alpha_c^(k) = softmax_c(s_c^(k)),  a_j = (1/H) sum_k sum_c alpha_c^(k) c   (each head's sum is d-wide; mean)
-  Our reading of the loose text: eq. 2 puts a linear scorer on the concatenation u_j, so each candidate's part of
-  u_j has its own weights (w_{j,c}), and "softmax over the concatenated features" is a softmax over candidates.
-  No task embedding t (single task).
-Init: every new matrix (W_Q, W_K, W_V, W_O, W_{j,i} or U, V, the scorers) normal(0, 0.02) like vanilla's linears,
-without the 1/sqrt(2L) of the residual writers: a_j starts small either way. LayerNorm starts at 1 and 0.
-
-Merge (eqs. 3 / 6): aila_merge="relu_layernorm" (default, the paper): h_j = LayerNorm(ReLU(h~_j + a_j)) with an
-affine nn.LayerNorm per layer; aila_merge="residual": h_j = h~_j + a_j. The final RMSNorm and head read h_L.
-With "residual" and W_V = 0 (arch 2), a_j = 0 and the model is model_vanilla.py (a test checks this).
-
-depth_map(): alpha averaged over batch, tokens and heads, from the last forward (rank-local, not saved); the row
-of layer j holds the weights of sources h_0..h_{j-1} in columns 0..j-1. Arch 2: L x L. Arch 1: L x (L+1), and the
-candidate h~_j sits in column j, the column of the h_j it becomes. stats(): mean row entropy of that map, and the
-mean per-token entropy (a layer whose tokens each pick one source sharply can still average to a flat row).
-Layer 1 has a single source: its weight is 1, and in arch 2 its W_Q, W_K get zero gradient (kept for uniformity).
-
-Step 0 from a pretrained model (train.py --init_from): not function-preserving. Every layer's output becomes
-LayerNorm(ReLU(h~_j + a_j)) (aila_merge="residual": h~_j + a_j, where a_j is not zero: W_V and W_O start random),
-which the pretrained weights never saw (tests/test_hf.py).
-
-Extra parameters over vanilla (S = L(L+1)/2 layer-source pairs, b = 1 if bias else 0; tests check both archs):
-    arch 2: L (4 d H d_k + b (2 H d_k + d))
-    arch 1: S (P + b d) + d (S + L),   P = d^2 (aila_rank 0) or 2 r d (aila_rank r)
-    merge "relu_layernorm" adds 2 d L (LayerNorm weight and bias); "residual" adds 0.
-  50m shape (d 192, L 6): arch 2 297,216; arch 1 781,632 (rank 8: 72,000).
-  300m shape (d 768, L 12): arch 2 2,377,728; arch 1 46,093,824 (rank 8: 1,046,016).
+Paper: "Adaptive Integrated Layered Attention (AILA)", by William Claster, Suhas K M and Dhairya Gundechia
+(Northeastern University; no public code). A "layer" j = 1..L is one unchanged pre-norm block of model_vanilla.py,
+h~_j = Block_j(h_{j-1}) with h_0 the embedding output; layer j forms a_j from its sources h_0..h_{j-1}, per token
+(so causality and the key/value cache are vanilla's), and merges it into its output h_j:
+    arch 2 (default; eqs. 4-5), per head:  q = W_Q h~_j,  k_i = W_K h_i,  v_i = W_V h_i   (aila_dk wide)
+        alpha_i = softmax_i(q . k_i / sqrt(d_k)),   a_j = W_O [sum_i alpha_i v_i]_(heads concatenated)
+    arch 1 (eqs. 1-2): candidates c_i = W_{j,i} h_i (i < j) and c_j = h~_j, scored per head k,
+        alpha_c^(k) = softmax_c(<c^(k), w_{j,c}^(k)>),   a_j = (1/H) sum_k sum_c alpha_c^(k) c
+    merge (eqs. 3 / 6):  h_j = LayerNorm(ReLU(h~_j + a_j))   (aila_merge="residual": h_j = h~_j + a_j)
+The final RMSNorm and head read h_L. Arch 2 runs by linearity, q . W_K h_i = (W_K^T q) . h_i and
+sum_i alpha_i W_V h_i = W_V sum_i alpha_i h_i: one key and one value product per layer, not one per source.
+docs/aila.md has the readings of the paper, the parameter counts, the costs and the Hugging Face notes.
 """
 import math
 from dataclasses import dataclass, field
@@ -103,149 +66,6 @@ class GPTConfig:
                              "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
         if self.n_embd % self.aila_heads:
             raise ValueError(f"--aila_heads {self.aila_heads} must divide --n_embd {self.n_embd}")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
-
-
-def rope_tables(head_dim, seq_len, theta, device):
-    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x, cos, sin):
-    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.type_as(x)
-
-
-class KVCache:
-    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
-    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
-    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing)."""
-
-    def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.head_dim or config.n_embd // config.n_head
-        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate.py after a step)
-
-    def reset(self):
-        """Empty the cache for a new prompt (generate.py reuses it): the old entries are masked, after pos."""
-        self.pos = 0
-
-    def update(self, layer, k, v, pos=None):
-        """Store k, v (B, H_kv, T, hd) of the new tokens and return the keys/values attention reads: with pos None
-        (forward) at self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd); with pos a (1,)
-        tensor (decode_step, T = 1) at pos, returning the whole cache (B, H_kv, block_size, hd), the same shape
-        whatever pos is (attention_mask hides the positions after pos)."""
-        ck, cv = self.k[layer], self.v[layer]
-        if pos is not None:  # under autocast k, v are bf16 and the cache has the weights' dtype
-            ck.index_copy_(2, pos, k.to(ck.dtype))
-            cv.index_copy_(2, pos, v.to(cv.dtype))
-            return ck, cv
-        ck[:, :, self.pos:self.pos + k.size(2)] = k
-        cv[:, :, self.pos:self.pos + k.size(2)] = v
-        return ck[:, :, :self.pos + k.size(2)], cv[:, :, :self.pos + k.size(2)]
-
-
-def attention_mask(T, Tk, past, device):
-    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before. past a (1,)
-    tensor: decode_step's one query at position past against the whole cache (Tk = block_size)."""
-    if torch.is_tensor(past):
-        return False, (torch.arange(Tk, device=device) <= past).view(1, Tk)  # the filled positions: static shape
-    if past == 0:
-        return True, None  # plain causal attention: the flash kernel applies
-    if T == 1:
-        return False, None  # a single new token sees every key
-    # a chunk after a non-empty cache: query i sees keys up to past + i
-    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
-
-
-def decode_attention(q, k, v, mask):
-    """A decode step's attention over the whole cache, each KV head's query heads as its rows (docs/contract.md)."""
-    B, H, _, hd = q.shape
-    y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
-        q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
-    return y.view(B, H, 1, hd)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.head_dim or config.n_embd // config.n_head
-        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
-        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
-        self.dropout = config.dropout
-        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-
-    def forward(self, x, cos, sin, cache=None, pos=None):
-        """pos: decode_step's position tensor (one token, static shapes); None: the tokens follow cache.pos."""
-        B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
-        past = 0
-        if cache is not None:
-            past = cache.pos if pos is None else pos
-            k, v = cache.update(self.layer_idx, k, v, pos)  # (B, H_kv, past + T, hd); a step: (B, H_kv, S, hd)
-        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
-        if pos is not None:
-            y = decode_attention(q, k, v, mask)                                    # (B, H, 1, hd)
-        else:
-            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
-                q, k, v, attn_mask=mask, is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
-        return self.wo(y)
-
-
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = CausalSelfAttention(config, layer_idx)
-        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = MLP(config)
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(self, x, cos, sin, cache=None, pos=None):
-        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, pos))
-        x = x + self.drop(self.mlp(self.mlp_norm(x)))
-        return x
 
 
 class LayerAttention(nn.Module):
@@ -311,7 +131,6 @@ class GPT(nn.Module):
         if config.aila_merge == "relu_layernorm":
             self.merge_norm = nn.ModuleList([nn.LayerNorm(config.n_embd, eps=config.norm_eps)
                                              for _ in range(config.n_layer)])
-        self.maps, self.token_entropy = [], []  # per layer, from the last forward: mean alpha, per-token entropy
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -331,30 +150,19 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None, return_hidden=False, pos=None):
-        """pos: decode_step's (1,) position tensor, for one token idx (B, 1); None: idx follows cache.pos."""
+    def forward(self, idx, targets=None, cache=None, input_pos=None, return_hidden=False):
+        """idx (B, T) -> (logits (B, T, vocab), loss). With a cache, input_pos (T,) holds the positions of idx's
+        tokens (a prefill: 0..T-1; a decode step: one position), where their keys and values are written."""
         B, T = idx.shape
-        if pos is None:
-            past = cache.pos if cache is not None else 0
-            assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
-            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
-        else:
-            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2), gathered by a tensor: no .item()
+        cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d)
-        sources, maps, ents = [x], [], []  # sources: h_0 and each layer's output h_j, (B, T, d)
+        sources = [x]  # h_0 and each layer's output h_j, (B, T, d)
         for j, (block, mix) in enumerate(zip(self.blocks, self.mix)):
-            h = block(x, cos, sin, cache, pos)  # h~_j
-            a, alpha = mix(h, sources)     # (B, T, d), alpha (B, T, H, candidates)
+            h = block(x, cos, sin, cache, input_pos)  # h~_j
+            a, _ = mix(h, sources)  # (B, T, d); the weights alpha are for depth_map() and stats()
             x = h + a if self.config.aila_merge == "residual" else self.merge_norm[j](F.relu(h + a))
             sources.append(x)
-            with torch.no_grad():  # diagnostics for depth_map() and stats()
-                p = alpha.float()
-                maps.append(p.mean(dim=(0, 1, 2)))
-                ents.append(-(p * p.clamp_min(1e-30).log()).sum(-1).mean())
-        self.maps, self.token_entropy = maps, ents
         hidden = sources[1:]
-        if cache is not None and pos is None:
-            cache.pos += T
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -363,24 +171,34 @@ class GPT(nn.Module):
             return logits, loss, hidden  # hidden[l]: output of layer l (after the merge), read by the logit lens
         return logits, loss
 
-    def depth_map(self):
-        """Mean alpha per layer from the last forward: (L, L), arch 1 (L, L+1) with h~_j in column j; None before."""
-        if not self.maps:
-            return None
+    @torch.no_grad()
+    def mix_weights(self, idx):
+        """alpha (B, T, H, candidates) of every layer's mix in a forward over idx (B, T), read off the mixes'
+        outputs: forward itself keeps nothing."""
+        weights = []
+        hooks = [m.register_forward_hook(lambda m, args, out: weights.append(out[1].float())) for m in self.mix]
+        try:
+            self(idx)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return weights
+
+    def depth_map(self, idx, weights=None):
+        """Mean alpha per layer over idx's tokens and the heads: (L, L); arch 1 (L, L+1), h~_j in column j."""
         c = self.config
         m = torch.zeros(c.n_layer, c.n_layer + (c.aila_arch == 1))
-        for j, row in enumerate(self.maps):
-            m[j, :row.numel()] = row.cpu()
+        for j, alpha in enumerate(weights or self.mix_weights(idx)):
+            m[j, :alpha.size(-1)] = alpha.mean(dim=(0, 1, 2)).cpu()
         return m
 
-    def stats(self):
-        """Mean row entropy of depth_map() and mean per-token entropy of alpha (nats), from the last forward."""
-        if not self.maps:
-            return {}
-        m = self.depth_map()
-        map_entropy = -(m * m.clamp_min(1e-30).log()).sum(-1).mean()
-        return {"aila_map_entropy": map_entropy.item(),
-                "aila_token_entropy": torch.stack(self.token_entropy).mean().item()}
+    def stats(self, idx):
+        """Over idx: the mean row entropy of depth_map(idx) and the mean per-token entropy of alpha (nats); a layer
+        whose tokens each pick one source sharply can still average to a flat row."""
+        weights = self.mix_weights(idx)
+        token_entropy = torch.stack([torch.special.entr(a).sum(-1).mean() for a in weights]).mean()
+        return {"aila_map_entropy": torch.special.entr(self.depth_map(idx, weights)).sum(-1).mean().item(),
+                "aila_token_entropy": token_entropy.item()}
 
     def param_groups(self, weight_decay):
         """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
@@ -404,3 +222,135 @@ class GPT(nn.Module):
             linear += pairs * proj + 2 * (pairs + c.n_layer) * c.n_embd
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
         return 3 * 2 * (linear + attention)
+
+
+# ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, input_pos))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None):
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        if cache is None:  # training: plain causal attention, the flash kernel on CUDA
+            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=self.n_kv_head != self.n_head)
+        else:  # generation: write the new keys and values at input_pos, attend over the whole cache
+            k, v = cache.update(self.layer_idx, input_pos, k, v)                   # (B, H_kv, S, hd)
+            y = cached_attention(q, k, v, attention_mask(input_pos, k.size(2)))    # (B, H, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
+        return self.wo(y)
+
+
+class KVCache:
+    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
+    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
+    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing).
+    A new prompt needs no emptying: attention_mask hides every position after the query's, written or not."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.head_dim or config.n_embd // config.n_head
+        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+
+    def update(self, layer, input_pos, k, v):
+        """Write k, v (B, H_kv, T, hd) of the new tokens at input_pos (T,); return the whole cache, (B, H_kv, S, hd)
+        each, the same shapes whatever the positions (torch.compile traces one graph)."""
+        ck, cv = self.k[layer], self.v[layer]  # under autocast k, v are bf16 and the cache has the weights' dtype
+        return ck.index_copy_(2, input_pos, k.to(ck.dtype)), cv.index_copy_(2, input_pos, v.to(cv.dtype))
+
+
+def attention_mask(input_pos, S):
+    """(T, S) boolean: the query at position input_pos[t] sees the cached positions up to its own."""
+    return torch.arange(S, device=input_pos.device) <= input_pos[:, None]
+
+
+def cached_attention(q, k, v, mask):
+    """Attention of the new queries q (B, H, T, hd) over the whole cache k, v (B, H_kv, S, hd) under mask (T, S) or
+    (B, 1, T, S): the H / H_kv query heads of each KV head become its rows, so that SDPA needs no GQA flag beside a
+    mask (docs/contract.md). Row r of a KV head is query head r // T, token r % T, hence the mask tiled."""
+    B, H, T, hd = q.shape
+    G = H // k.size(1)
+    y = F.scaled_dot_product_attention(                                            # (B, H_kv, G T, hd)
+        q.reshape(B, k.size(1), G * T, hd), k, v, attn_mask=mask.tile(G, 1))
+    return y.view(B, H, T, hd)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def rope_at(cos, sin, T, input_pos):
+    """The rows of the rotary tables for T tokens: positions 0..T-1 (a slice) without input_pos, else gathered at
+    input_pos (T,) by a tensor, so that a decode step has no .item() and no Python branch on the position."""
+    if input_pos is None:
+        assert T <= cos.size(0), f"{T} tokens exceed block_size {cos.size(0)}"
+        return cos[:T], sin[:T]
+    return cos[input_pos], sin[input_pos]  # (T, hd/2)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)

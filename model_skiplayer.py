@@ -1,43 +1,19 @@
 """
 Skip-Layer Attention (SLA), and the Vertical Attention paper's ALA(-) baseline as an option.
 
-Paper (the SLA paper): "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies in Transformers", an
-anonymous ACL submission, cited as Chen et al., 2024 (arXiv 2406.11274); no public code (a listing in its
-appendix). Baselines as the Vertical Attention paper ("Vertical Attention: Automatic Exploration of Inter-Layer
-Connections in Transformer-Based Language Models", anonymous, section 4.1) used them.
-
-Everything is model_vanilla.py except which keys and values each query head attends to. With n_l = skip_layers,
-n_h = skip_heads, H query heads, layers l = 1..L, heads i = 1..H (the paper's equation):
+Paper: "Skip-Layer Attention: Bridging Abstract and Detailed Dependencies in Transformers", an anonymous ACL
+submission, cited as Chen et al., 2024 (arXiv 2406.11274); no public code (a listing in its appendix). Baselines as
+"Vertical Attention: Automatic Exploration of Inter-Layer Connections in Transformer-Based Language Models"
+(anonymous, section 4.1) ran them. Everything is model_vanilla.py except which keys and values each query head
+attends to. With n_l = skip_layers, n_h = skip_heads, H query heads, layers l = 1..L, heads i = 1..H:
     H_i^l = Att(Q_i^l, K_i^l,       V_i^l)        if l <= n_l or i <= H - n_h
     H_i^l = Att(Q_i^l, K_i^{l-n_l}, V_i^{l-n_l})  otherwise: the last n_h heads of a layer l > n_l
 K^j, V^j are layer j's keys and values after RoPE (positions are the same in every layer), so a skip head's
-scores are q_t . k_s of the same positions, causal as usual. ALA(-) (`ala_every` = K > 0): only the last layer
+scores are q_t . k_s of the same positions, causal as usual. ALA(-) (ala_every = K > 0): only the last layer
 changes; its head i (0-indexed) reads layer L - K*i, head 0 its own layer L. No new parameters in either mode.
-
-Interpretations:
-- The equation writes "h - n_l" for the head split, a typo for n_h (Tables 1-2 vary heads and layers apart).
-- The appendix listing slices the SEQUENCE axis (k[:, :, split:]) and concatenates it with earlier keys on the
-  head axis; we implement the equation: whole heads, every position (tests/test_skiplayer.py pins this).
-- Heads are counted in query heads. Under GQA a skip head reads the KV head its own group would use, but of layer
-  l - n_l. If n_h cuts through a group, K and V are expanded to one head per query head for that layer; if
-  every group reads one layer (always under MHA), K and V stay at H_kv heads and SDPA's GQA path is used.
-- skip_layers = skip_heads = -1 (default) resolve to the paper's recommendation round(3L/4), round(3H/4) with
-  Python's round (halves to even: L = 6 gives 4, as the Vertical Attention paper chose for 50M). That paper's
-  own settings, (4,1), (6,3), (9,6) for 50m/100m/300m, are SIZE_DEFAULTS: train.py applies them with --size (or a
-  recipe's size) where the command line does not set skip_layers or skip_heads. skip_heads = 0 is model_vanilla.py.
-- ALA(-): a head whose source would lie below layer 1 uses its own layer. With ala_every > 0 the SLA skip is
-  off, whatever skip_layers and skip_heads say (the Vertical Attention paper ran them as separate baselines,
-  ALA(-) with K = 2 at every size: --ala_every 2).
-- Layers hand their post-RoPE (k, v) down through a list built in GPT.forward; with the key/value cache these
-  are the cache's own slices, so a skip head reads layer l - n_l's cache. Still one SDPA call per layer with
-  is_causal=True (flash-eligible); a skip layer pays one copy of K and V to assemble its heads. decode_step reads
-  the whole static caches of both layers under one mask: positions are the same in every layer.
-- depth_map(): the fixed L x L connectivity, entry [l, j] = fraction of layer l's query heads reading layer j.
-- Step 0 from a pretrained model (train.py --init_from): not function-preserving. The skip heads of the layers
-  l > n_l attend to layer l - n_l's keys and values, which the pretrained weights never did; skip_heads = 0 is
-  model_vanilla.py and keeps the pretrained function exactly (tests/test_hf.py).
-
-Extra parameters: 0. MODIFIED names the components that differ from model_vanilla.py.
+skip_layers = skip_heads = -1 (default): the SLA paper's round(3L/4), round(3H/4); --size applies the Vertical
+Attention paper's settings (SIZE_DEFAULTS). docs/skiplayer.md has every reading of the paper (the head split's
+typo, the appendix listing, GQA) and the Hugging Face notes.
 """
 import math
 from dataclasses import dataclass, field
@@ -111,163 +87,6 @@ class GPTConfig:
         return sources
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
-
-
-def rope_tables(head_dim, seq_len, theta, device):
-    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x, cos, sin):
-    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.type_as(x)
-
-
-class KVCache:
-    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
-    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
-    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing)."""
-
-    def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.head_dim or config.n_embd // config.n_head
-        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate.py after a step)
-
-    def reset(self):
-        """Empty the cache for a new prompt (generate.py reuses it): the old entries are masked, after pos."""
-        self.pos = 0
-
-    def update(self, layer, k, v, pos=None):
-        """Store k, v (B, H_kv, T, hd) of the new tokens and return the keys/values attention reads: with pos None
-        (forward) at self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd); with pos a (1,)
-        tensor (decode_step, T = 1) at pos, returning the whole cache (B, H_kv, block_size, hd), the same shape
-        whatever pos is (attention_mask hides the positions after pos)."""
-        ck, cv = self.k[layer], self.v[layer]
-        if pos is not None:  # under autocast k, v are bf16 and the cache has the weights' dtype
-            ck.index_copy_(2, pos, k.to(ck.dtype))
-            cv.index_copy_(2, pos, v.to(cv.dtype))
-            return ck, cv
-        ck[:, :, self.pos:self.pos + k.size(2)] = k
-        cv[:, :, self.pos:self.pos + k.size(2)] = v
-        return ck[:, :, :self.pos + k.size(2)], cv[:, :, :self.pos + k.size(2)]
-
-
-def attention_mask(T, Tk, past, device):
-    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before. past a (1,)
-    tensor: decode_step's one query at position past against the whole cache (Tk = block_size)."""
-    if torch.is_tensor(past):
-        return False, (torch.arange(Tk, device=device) <= past).view(1, Tk)  # the filled positions: static shape
-    if past == 0:
-        return True, None  # plain causal attention: the flash kernel applies
-    if T == 1:
-        return False, None  # a single new token sees every key
-    # a chunk after a non-empty cache: query i sees keys up to past + i
-    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
-
-
-def decode_attention(q, k, v, mask):
-    """A decode step's attention over the whole cache, each KV head's query heads as its rows (docs/contract.md)."""
-    B, H, _, hd = q.shape
-    y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
-        q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
-    return y.view(B, H, 1, hd)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.head_dim or config.n_embd // config.n_head
-        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
-        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
-        self.dropout = config.dropout
-        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-        # which (layer, kv head) fills each head of the K,V this layer attends with
-        sources = config.head_sources()[layer_idx]  # layer read by each query head
-        g = self.n_head // self.n_kv_head
-        if all(sources[h] == sources[h - h % g] for h in range(self.n_head)):  # each GQA group reads one layer
-            self.kv_plan = tuple((sources[j * g], j) for j in range(self.n_kv_head))  # stay at H_kv heads
-        else:  # skip heads cut through a group: one K,V head per query head
-            self.kv_plan = tuple((sources[h], h // g) for h in range(self.n_head))
-        self.reads_other_layers = any(src != layer_idx for src in sources)
-
-    def forward(self, x, cos, sin, cache=None, layer_kv=None, pos=None):
-        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own.
-        pos: decode_step's position tensor (one token, static shapes); None: the tokens follow cache.pos."""
-        B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
-        past = 0
-        if cache is not None:
-            past = cache.pos if pos is None else pos
-            k, v = cache.update(self.layer_idx, k, v, pos)  # (B, H_kv, past + T, hd); a step: (B, H_kv, S, hd)
-        if layer_kv is not None:
-            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's, same positions)
-        if self.reads_other_layers:  # assemble whole heads from their layers: one SDPA call below still
-            k = torch.cat([layer_kv[src][0][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
-            v = torch.cat([layer_kv[src][1][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
-        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
-        if pos is not None:
-            y = decode_attention(q, k, v, mask)                                    # (B, H, 1, hd)
-        else:
-            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
-                q, k, v, attn_mask=mask, is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0, enable_gqa=k.size(1) != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
-        return self.wo(y)
-
-
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = CausalSelfAttention(config, layer_idx)
-        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = MLP(config)
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(self, x, cos, sin, cache=None, layer_kv=None, pos=None):
-        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, layer_kv, pos))
-        x = x + self.drop(self.mlp(self.mlp_norm(x)))
-        return x
-
-
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -294,22 +113,16 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None, return_hidden=False, pos=None):
-        """pos: decode_step's (1,) position tensor, for one token idx (B, 1); None: idx follows cache.pos."""
+    def forward(self, idx, targets=None, cache=None, input_pos=None, return_hidden=False):
+        """idx (B, T) -> (logits (B, T, vocab), loss). With a cache, input_pos (T,) holds the positions of idx's
+        tokens (a prefill: 0..T-1; a decode step: one position), where their keys and values are written."""
         B, T = idx.shape
-        if pos is None:
-            past = cache.pos if cache is not None else 0
-            assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
-            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
-        else:
-            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2), gathered by a tensor: no .item()
+        cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d)
         hidden, layer_kv = [], []  # layer_kv[l]: (k, v) of layer l, read by later layers' skip heads
         for block in self.blocks:
-            x = block(x, cos, sin, cache, layer_kv, pos)
+            x = block(x, cos, sin, cache, input_pos, layer_kv)
             hidden.append(x)
-        if cache is not None and pos is None:
-            cache.pos += T
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -326,8 +139,9 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
 
-    def depth_map(self):
-        """(L, L) fixed connectivity: entry [l, j] is the fraction of layer l's query heads reading layer j's K,V."""
+    def depth_map(self, idx=None):
+        """(L, L) fixed connectivity: entry [l, j] is the fraction of layer l's query heads reading layer j's K,V
+        (the same for every input: idx is not used)."""
         sources = torch.tensor(self.config.head_sources())  # (L, H)
         return F.one_hot(sources, self.config.n_layer).float().mean(1)  # (L, L), rows sum to 1
 
@@ -339,3 +153,150 @@ class GPT(nn.Module):
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
         return 3 * 2 * (linear + attention)
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None, layer_kv=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, input_pos, layer_kv))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        # which (layer, kv head) fills each head of the K,V this layer attends with
+        sources = config.head_sources()[layer_idx]  # layer read by each query head
+        g = self.n_head // self.n_kv_head
+        if all(sources[h] == sources[h - h % g] for h in range(self.n_head)):  # each GQA group reads one layer
+            self.kv_plan = tuple((sources[j * g], j) for j in range(self.n_kv_head))  # stay at H_kv heads
+        else:  # skip heads cut through a group: one K,V head per query head
+            self.kv_plan = tuple((sources[h], h // g) for h in range(self.n_head))
+        self.reads_other_layers = any(src != layer_idx for src in sources)
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None, layer_kv=None):
+        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own."""
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        if cache is not None:  # generation: write the new keys and values at input_pos, read the whole cache
+            k, v = cache.update(self.layer_idx, input_pos, k, v)                   # (B, H_kv, S, hd)
+        if layer_kv is not None:
+            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's, same positions)
+        if self.reads_other_layers:  # assemble whole heads from their layers: one SDPA call below still
+            k = torch.cat([layer_kv[src][0][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
+            v = torch.cat([layer_kv[src][1][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
+        if cache is None:  # training: plain causal attention, the flash kernel on CUDA
+            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=k.size(1) != self.n_head)
+        else:
+            y = cached_attention(q, k, v, attention_mask(input_pos, k.size(2)))    # (B, H, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
+        return self.wo(y)
+
+
+# ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----
+
+class KVCache:
+    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
+    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
+    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing).
+    A new prompt needs no emptying: attention_mask hides every position after the query's, written or not."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.head_dim or config.n_embd // config.n_head
+        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+
+    def update(self, layer, input_pos, k, v):
+        """Write k, v (B, H_kv, T, hd) of the new tokens at input_pos (T,); return the whole cache, (B, H_kv, S, hd)
+        each, the same shapes whatever the positions (torch.compile traces one graph)."""
+        ck, cv = self.k[layer], self.v[layer]  # under autocast k, v are bf16 and the cache has the weights' dtype
+        return ck.index_copy_(2, input_pos, k.to(ck.dtype)), cv.index_copy_(2, input_pos, v.to(cv.dtype))
+
+
+def attention_mask(input_pos, S):
+    """(T, S) boolean: the query at position input_pos[t] sees the cached positions up to its own."""
+    return torch.arange(S, device=input_pos.device) <= input_pos[:, None]
+
+
+def cached_attention(q, k, v, mask):
+    """Attention of the new queries q (B, H, T, hd) over the whole cache k, v (B, H_kv, S, hd) under mask (T, S) or
+    (B, 1, T, S): the H / H_kv query heads of each KV head become its rows, so that SDPA needs no GQA flag beside a
+    mask (docs/contract.md). Row r of a KV head is query head r // T, token r % T, hence the mask tiled."""
+    B, H, T, hd = q.shape
+    G = H // k.size(1)
+    y = F.scaled_dot_product_attention(                                            # (B, H_kv, G T, hd)
+        q.reshape(B, k.size(1), G * T, hd), k, v, attn_mask=mask.tile(G, 1))
+    return y.view(B, H, T, hd)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def rope_at(cos, sin, T, input_pos):
+    """The rows of the rotary tables for T tokens: positions 0..T-1 (a slice) without input_pos, else gathered at
+    input_pos (T,) by a tensor, so that a decode step has no .item() and no Python branch on the position."""
+    if input_pos is None:
+        assert T <= cos.size(0), f"{T} tokens exceed block_size {cos.size(0)}"
+        return cos[:T], sin[:T]
+    return cos[input_pos], sin[input_pos]  # (T, hd/2)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)

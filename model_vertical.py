@@ -1,47 +1,19 @@
 """
 Vertical Attention: a learned softmax over depth feeds every block a mix of all earlier layers' outputs.
 
-Paper (the Vertical Attention paper): "Vertical Attention: Automatic Exploration of Inter-Layer Connections in
-Transformer-Based Language Models", by anonymous authors (under double-blind review; no public code), sections 3-4.
-The model is model_vanilla.py with one change in GPT.forward:
-block l (1-indexed) no longer reads the previous block's output but a per-token weighted average v^l of its sources
+Paper: "Vertical Attention: Automatic Exploration of Inter-Layer Connections in Transformer-Based Language
+Models", by anonymous authors (under double-blind review; no public code), sections 3-4.
+The model is model_vanilla.py with one change in GPT.forward: block l (1-indexed) no longer reads the previous
+block's output but a per-token weighted average v^l of its sources
     h^1 = the embedding output,  h^i = the output of block i-1  (i = 2..l)
     alpha_l     = softmax(s_l),  s_l in R^l learned                                     (eqs. 1-2)
     alpha~_l,i  = (alpha_l,i / ||h^i||) / sum_j (alpha_l,j / ||h^j||),  per token       (eq. 3)
     v^l         = sum_i alpha~_l,i h^i                                                  (eq. 4)
-    h^(l+1)     = Block_l(v^l),  the unchanged pre-norm block: x = v; x += attn(norm(x)); x += mlp(norm(x)) (eqs. 5-6)
-and the final RMSNorm and head read h^(L+1), the last block's output, as in vanilla.
-Extra parameters: L(L+1)/2 scalars (eq. 7): 21, 36, 78 for the 50m, 100m, 300m shapes (Table 2 prints 28 for the
-8-layer model, which eq. 7 does not give: a typo), 0 for the fixed maps. s_1 (one source) never gets gradient.
-
-Interpretations:
-- ||h|| is the L2 norm over the d channels of each token, computed in float32 once per source (not once per
-  reader) as sqrt(sum h^2 + va_eps), va_eps = 1e-6, which only guards against an all-zero vector. Gradients flow
-  through the norm (the paper does not detach it). The mix is a loop over sources (at most L), never over tokens.
-- The scores live in one flat parameter `va_scores` = [s_1; s_2; ...; s_L] (row l has l entries); depth_map()
-  scatters them into an L x L matrix with -inf above the diagonal, so a single softmax gives every alpha_l.
-- va_init="uniform" (default): zero scores, alpha_l = 1/l. va_init="recent": score log(9 (l-1)) on the newest
-  source and 0 on the others, so every row puts alpha 0.9 on the newest source and 0.1/(l-1) on each other one
-  (the nearest thing to vanilla that keeps gradients flowing to every score). The paper does not say which init
-  it used; its trained maps (Tables 5-7) have 0.45-0.57 on the diagonal and a heavy first two columns.
-- va_map="unet" / "inet" are the paper's fixed maps ("Ours (U-Attn)" / "Ours (L-Attn)", Table 3). Figure 2 is
-  missing, so our reading: inet = equal weight on sources 1, 2 and the newest l; unet = equal weight on
-  the newest source and the mirrored source L+2-l where that is an earlier source (second half of the stack:
-  for L=12, layer 8 reads 6, ..., layer 12 reads 2). Rows with fewer distinct sources renormalise. They are
-  buffers, not parameters, and the per-token norm re-weighting of eq. 3 still applies to them.
-- depth_map() and the entropy in stats() use alpha (eq. 2), not alpha~: the paper's maps (Tables 5-7) and its
-  entropy (eq. 8, which writes alpha~) describe "constant attention scores across samples", and alpha~ changes
-  with every token's norms, so the per-model quantity is alpha. Row 1 is always [1, 0, ...], as in Table 5.
-- Optimiser: param_groups puts the scores in their own group with lr=va_lr and weight_decay=va_weight_decay
-  (paper: 0.01 and 0.01 against 1e-4 for the rest; with 1e-4 the map barely moves, 1e-1 is unstable).
-- KV cache: the mix is per token, so a cached step needs only the new tokens' own sources; the keys/values of
-  every layer are cached exactly as in vanilla.
-- Step 0 from a pretrained model (train.py --init_from): not function-preserving. Block l reads the
-  norm-weighted average of the embedding and all earlier block outputs (uniform alpha, or 0.9 on the newest
-  source with va_init="recent"), not the previous block's output, so from the second block on the pretrained
-  weights see inputs they were never trained on (tests/test_hf.py).
-- flops_per_token is vanilla's: the mix is L(L+1)/2 * d multiply-adds per token, elementwise, not a matmul
-  (under 0.1% of a 300m model's FLOPs).
+    h^(l+1)     = Block_l(v^l),  the unchanged pre-norm block                           (eqs. 5-6)
+and the final RMSNorm and head read h^(L+1), as in vanilla. Extra parameters: the L(L+1)/2 scores (eq. 7), in an
+AdamW group of their own (va_lr, va_weight_decay: the paper's 0.01 and 0.01). va_map="unet" / "inet": the paper's
+fixed maps instead of learned scores. docs/vertical.md has every reading of the paper (the norm, the init, the
+fixed maps, the entropy), the parameter counts and the Hugging Face notes.
 """
 import math
 from dataclasses import dataclass, field
@@ -90,149 +62,6 @@ class GPTConfig:
             raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
                              f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
                              "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
-
-
-def rope_tables(head_dim, seq_len, theta, device):
-    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x, cos, sin):
-    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.type_as(x)
-
-
-class KVCache:
-    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
-    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
-    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing)."""
-
-    def __init__(self, config, batch_size, device, dtype):
-        head_dim = config.head_dim or config.n_embd // config.n_head
-        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.pos = 0  # number of tokens already in the cache (forward() advances it; generate.py after a step)
-
-    def reset(self):
-        """Empty the cache for a new prompt (generate.py reuses it): the old entries are masked, after pos."""
-        self.pos = 0
-
-    def update(self, layer, k, v, pos=None):
-        """Store k, v (B, H_kv, T, hd) of the new tokens and return the keys/values attention reads: with pos None
-        (forward) at self.pos, returning those of all tokens so far (B, H_kv, self.pos + T, hd); with pos a (1,)
-        tensor (decode_step, T = 1) at pos, returning the whole cache (B, H_kv, block_size, hd), the same shape
-        whatever pos is (attention_mask hides the positions after pos)."""
-        ck, cv = self.k[layer], self.v[layer]
-        if pos is not None:  # under autocast k, v are bf16 and the cache has the weights' dtype
-            ck.index_copy_(2, pos, k.to(ck.dtype))
-            cv.index_copy_(2, pos, v.to(cv.dtype))
-            return ck, cv
-        ck[:, :, self.pos:self.pos + k.size(2)] = k
-        cv[:, :, self.pos:self.pos + k.size(2)] = v
-        return ck[:, :, :self.pos + k.size(2)], cv[:, :, :self.pos + k.size(2)]
-
-
-def attention_mask(T, Tk, past, device):
-    """(is_causal, mask) for T new queries against Tk keys, of which `past` were cached before. past a (1,)
-    tensor: decode_step's one query at position past against the whole cache (Tk = block_size)."""
-    if torch.is_tensor(past):
-        return False, (torch.arange(Tk, device=device) <= past).view(1, Tk)  # the filled positions: static shape
-    if past == 0:
-        return True, None  # plain causal attention: the flash kernel applies
-    if T == 1:
-        return False, None  # a single new token sees every key
-    # a chunk after a non-empty cache: query i sees keys up to past + i
-    return False, torch.ones(T, Tk, dtype=torch.bool, device=device).tril(diagonal=past)
-
-
-def decode_attention(q, k, v, mask):
-    """A decode step's attention over the whole cache, each KV head's query heads as its rows (docs/contract.md)."""
-    B, H, _, hd = q.shape
-    y = F.scaled_dot_product_attention(                                            # (B, H_kv, H / H_kv, hd)
-        q.view(B, k.size(1), H // k.size(1), hd), k, v, attn_mask=mask)
-    return y.view(B, H, 1, hd)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.head_dim or config.n_embd // config.n_head
-        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
-        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
-        self.dropout = config.dropout
-        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-
-    def forward(self, x, cos, sin, cache=None, pos=None):
-        """pos: decode_step's position tensor (one token, static shapes); None: the tokens follow cache.pos."""
-        B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
-        past = 0
-        if cache is not None:
-            past = cache.pos if pos is None else pos
-            k, v = cache.update(self.layer_idx, k, v, pos)  # (B, H_kv, past + T, hd); a step: (B, H_kv, S, hd)
-        is_causal, mask = attention_mask(T, k.size(2), past, x.device)
-        if pos is not None:
-            y = decode_attention(q, k, v, mask)                                    # (B, H, 1, hd)
-        else:
-            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
-                q, k, v, attn_mask=mask, is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
-        return self.wo(y)
-
-
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = CausalSelfAttention(config, layer_idx)
-        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = MLP(config)
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(self, x, cos, sin, cache=None, pos=None):
-        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, pos))
-        x = x + self.drop(self.mlp(self.mlp_norm(x)))
-        return x
 
 
 def inverse_norm(h, eps):
@@ -302,25 +131,19 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None, return_hidden=False, pos=None):
-        """pos: decode_step's (1,) position tensor, for one token idx (B, 1); None: idx follows cache.pos."""
+    def forward(self, idx, targets=None, cache=None, input_pos=None, return_hidden=False):
+        """idx (B, T) -> (logits (B, T, vocab), loss). With a cache, input_pos (T,) holds the positions of idx's
+        tokens (a prefill: 0..T-1; a decode step: one position), where their keys and values are written."""
         B, T = idx.shape
-        if pos is None:
-            past = cache.pos if cache is not None else 0
-            assert past + T <= self.config.block_size, f"{past + T} tokens exceed block_size {self.config.block_size}"
-            cos, sin = self.rope_cos[past:past + T], self.rope_sin[past:past + T]
-        else:
-            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd/2), gathered by a tensor: no .item()
+        cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d): h^1
         alpha = self.depth_map()  # (L, L): row l holds the weights of sources 1..l+1
         sources, inv_norms, hidden = [], [], []
         for l, block in enumerate(self.blocks):
             sources.append(x)  # h^(l+1): the embedding, then each block's output
             inv_norms.append(inverse_norm(x, self.config.va_eps))  # once per source, read by every later block
-            x = block(vertical_mix(sources, inv_norms, alpha[l, :l + 1]), cos, sin, cache, pos)
+            x = block(vertical_mix(sources, inv_norms, alpha[l, :l + 1]), cos, sin, cache, input_pos)
             hidden.append(x)
-        if cache is not None and pos is None:
-            cache.pos += T
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -342,9 +165,10 @@ class GPT(nn.Module):
                            "weight_decay": self.config.va_weight_decay})
         return groups
 
-    def depth_map(self):
+    def depth_map(self, idx=None):
         """The L x L map alpha (eq. 2): row l holds softmax(s_l) over sources 1..l, zeros above the diagonal.
-        This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's source norms)."""
+        This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's source norms), so it
+        needs no batch: idx, which the models whose map depends on the input read, is not used."""
         if self.va_scores is None:
             return self.va_fixed.float()
         L = self.config.n_layer
@@ -353,8 +177,8 @@ class GPT(nn.Module):
         return s.index_put((self.va_rows, self.va_cols), self.va_scores.float()).softmax(-1)
 
     @torch.no_grad()
-    def stats(self):
-        """Mean row entropy of the map (eq. 8, on alpha: see depth_map), logged by train.py."""
+    def stats(self, idx=None):
+        """Mean row entropy of the map (eq. 8, on alpha: see depth_map), logged by train.py; idx is not used."""
         return {"va_entropy": torch.special.entr(self.depth_map()).sum(-1).mean().item()}
 
     def flops_per_token(self, seq_len):
@@ -365,3 +189,135 @@ class GPT(nn.Module):
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
         return 3 * 2 * (linear + attention)
+
+
+# ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, input_pos))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
+        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
+        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None):
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        if cache is None:  # training: plain causal attention, the flash kernel on CUDA
+            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=self.n_kv_head != self.n_head)
+        else:  # generation: write the new keys and values at input_pos, attend over the whole cache
+            k, v = cache.update(self.layer_idx, input_pos, k, v)                   # (B, H_kv, S, hd)
+            y = cached_attention(q, k, v, attention_mask(input_pos, k.size(2)))    # (B, H, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
+        return self.wo(y)
+
+
+class KVCache:
+    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
+    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
+    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing).
+    A new prompt needs no emptying: attention_mask hides every position after the query's, written or not."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.head_dim or config.n_embd // config.n_head
+        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+
+    def update(self, layer, input_pos, k, v):
+        """Write k, v (B, H_kv, T, hd) of the new tokens at input_pos (T,); return the whole cache, (B, H_kv, S, hd)
+        each, the same shapes whatever the positions (torch.compile traces one graph)."""
+        ck, cv = self.k[layer], self.v[layer]  # under autocast k, v are bf16 and the cache has the weights' dtype
+        return ck.index_copy_(2, input_pos, k.to(ck.dtype)), cv.index_copy_(2, input_pos, v.to(cv.dtype))
+
+
+def attention_mask(input_pos, S):
+    """(T, S) boolean: the query at position input_pos[t] sees the cached positions up to its own."""
+    return torch.arange(S, device=input_pos.device) <= input_pos[:, None]
+
+
+def cached_attention(q, k, v, mask):
+    """Attention of the new queries q (B, H, T, hd) over the whole cache k, v (B, H_kv, S, hd) under mask (T, S) or
+    (B, 1, T, S): the H / H_kv query heads of each KV head become its rows, so that SDPA needs no GQA flag beside a
+    mask (docs/contract.md). Row r of a KV head is query head r // T, token r % T, hence the mask tiled."""
+    B, H, T, hd = q.shape
+    G = H // k.size(1)
+    y = F.scaled_dot_product_attention(                                            # (B, H_kv, G T, hd)
+        q.reshape(B, k.size(1), G * T, hd), k, v, attn_mask=mask.tile(G, 1))
+    return y.view(B, H, T, hd)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def rope_at(cos, sin, T, input_pos):
+    """The rows of the rotary tables for T tokens: positions 0..T-1 (a slice) without input_pos, else gathered at
+    input_pos (T,) by a tensor, so that a decode step has no .item() and no Python branch on the position."""
+    if input_pos is None:
+        assert T <= cos.size(0), f"{T} tokens exceed block_size {cos.size(0)}"
+        return cos[:T], sin[:T]
+    return cos[input_pos], sin[input_pos]  # (T, hd/2)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.type_as(x)

@@ -380,8 +380,18 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
             "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
             "cpu_seconds": round(time.process_time() - cpu0, 1),
             "params": sum(p.numel() for p in model.parameters()),
-            "stats": model.stats() if hasattr(model, "stats") else {},
+            "stats": model_stats(model, val, T, args.eval_batch_size, device, ctx),
             "curve": [[it * args.batch_size * T, v] for it, v in sorted(evals.items())]}
+
+
+@torch.no_grad()
+def model_stats(model, val, T, batch_size, device, ctx):
+    """The model file's stats() on the first validation windows (a batch of up to batch_size), {} without it."""
+    if not hasattr(model, "stats"):
+        return {}
+    n = max(1, min(batch_size, len(val) // T))
+    with ctx:
+        return model.stats(torch.from_numpy(val[:n * T].astype(np.int64)).view(n, T).to(device))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -195,6 +195,22 @@ def evaluate(model, cfg, meta, T, proc):
     return (total[0] / total[1]).item()
 
 
+@torch.no_grad()
+def model_stats(raw_model, cfg, meta, T, proc):
+    """What the model file reports of itself (stats(): a map's entropy, gate sparsity), computed on this rank's
+    first validation batch in eval mode; collective under DDP. {} for a model file without stats()."""
+    if not hasattr(raw_model, "stats"):
+        return {}
+    n_val = len(open_split(cfg.data_dir, cfg.dataset, "val", meta))
+    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=torch.Generator().manual_seed(0))
+    x, _ = get_batch(cfg, meta, "val", offsets[proc.rank::proc.world][:cfg.batch_size], T, proc.device)
+    raw_model.eval()
+    with proc.ctx:
+        stats = raw_model.stats(x)
+    raw_model.train()
+    return stats
+
+
 def rng_states(device, world):
     """Every rank's random number generator states, gathered on every rank (a collective under DDP): dropout
     masks differ by rank, and a resumed run gives each rank its own state back."""
@@ -313,7 +329,7 @@ def make_optimizer(raw_model, cfg, device):
 
 def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc):
     """One forward pass before anything is written, in eval mode (no dropout draws): a batch that does not fit, or a
-    model whose loss is not finite from the start, fails here. What the model recorded of it is dropped."""
+    model whose loss is not finite from the start, fails here."""
     T = model_args["block_size"]
     n_train = len(open_split(cfg.data_dir, cfg.dataset, "train", meta))
     x, y = get_batch(cfg, meta, "train", train_offsets(n_train, T, cfg.seed, iter_num, cfg.batch_size), T, proc.device)
@@ -328,8 +344,6 @@ def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc
         raise RunError(divergence_message("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
                                           None))
     raw_model.train()
-    if hasattr(raw_model, "stats"):
-        raw_model.stats()  # collective under DDP
 
 
 def optimizer_step(model, raw_model, optimizer, cfg, meta, iter_num, proc):
@@ -412,7 +426,7 @@ def main(argv):
                     raise RunError(divergence_message("validation loss", val_loss, iter_num, cfg, model_args,
                                                       explicit, saved_step))
                 best_val = min(best_val, val_loss)
-                stats = raw_model.stats() if hasattr(raw_model, "stats") else {}  # collective under DDP
+                stats = model_stats(raw_model, cfg, meta, model_args["block_size"], proc)  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
                 rng = rng_states(device, world)  # collective under DDP
                 if rank == 0:

@@ -43,9 +43,9 @@ def spy_positions(step):
     """(positions seen, a step that records the position of every call and then takes step, compiled or not)."""
     seen = []
 
-    def spy(idx, pos, cache):
-        seen.append(int(pos))
-        return step(idx, pos, cache)
+    def spy(idx, input_pos, cache):
+        seen.append(int(input_pos))
+        return step(idx, input_pos, cache)
     return seen, spy
 
 
@@ -87,11 +87,11 @@ def test_skipmiddle_steps_skip_for_real_and_equal_recomputation(dtype):
         block.register_forward_pre_hook(lambda m, args: calls.__setitem__(0, calls[0] + 1))
     step, block_calls, ran = eager(model), [], []
 
-    def spy(idx, pos, cache):  # per step: the blocks called, and per (layer, row) whether it ran (gate > 0)
+    def spy(idx, input_pos, cache):  # per step: the blocks called, and per (layer, row) whether it ran (gate > 0)
         before = calls[0]
-        out = step(idx, pos, cache)
+        out = step(idx, input_pos, cache)
         block_calls.append(calls[0] - before)
-        ran.append(torch.stack([g[:, int(pos)] > 0 for g in cache.g]))  # (L, B): the cache holds its gate
+        ran.append(torch.stack([g[:, int(input_pos)] > 0 for g in cache.g]))  # (L, B): the cache holds its gate
         return out
     for skip in (False, True):
         block_calls.clear()

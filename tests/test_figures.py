@@ -38,14 +38,13 @@ def blank_cells(ax):
 
 
 def depth_map_figure(plt, name, tmp_path, model=None, **overrides):
-    """(model, map, layout, figure) of a tiny untrained model of model_<name>.py, after one forward."""
+    """(model, map, layout, figure) of a tiny untrained model of model_<name>.py, its map on one batch."""
     module = importlib.import_module(f"model_{name}")
     torch.manual_seed(0)
     config = module.GPTConfig(vocab_size=256, **SHAPE, **overrides)
     model = model or module.GPT(config).eval()
     with torch.no_grad():
-        model(torch.randint(0, 256, (2, 16)))
-    m = model.depth_map().detach().float().cpu()
+        m = model.depth_map(torch.randint(0, 256, (2, 16))).detach().float().cpu()
     layout = evalpy.depth_map_layout(model, name, m)
     fig = evalpy.plot_depth_map(plt, m, config.n_layer, layout, f"out/{name}, step 7: model_{name}.py depth map",
                                 tmp_path / f"{name}.png")

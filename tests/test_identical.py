@@ -68,3 +68,51 @@ def test_model_files_import_only_torch_and_the_standard_library(name):
     for line in imports:
         module = line.split()[1].split(".")[0]
         assert module in {"torch", "math", "dataclasses", "typing", "functools", "itertools"}, line
+
+
+LEAD = {"option", "GPTConfig", "GPT"}  # every file leads with its config and its model, model_vanilla.py too
+BANNER = "# ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----"
+
+
+def layout_problems(name, source):
+    """What keeps a reader of model_<name>.py (or of source) from meeting the method first: a docstring over 20
+    lines (the rest belongs in docs/), a method that starts after line 150 or after the banner, a changed component
+    under the banner or an unchanged one outside it (the banner's section ends at the next "# ---- " banner)."""
+    tree, lines = ast.parse(source), source.splitlines()
+    problems = []
+    if len(ast.get_docstring(tree, clean=False).strip("\n").splitlines()) > 20:
+        problems.append("docstring over 20 lines")
+    if lines.count(BANNER) != 1:
+        return problems + ["not one banner"]
+    start = lines.index(BANNER) + 1
+    end = next((i + 1 for i in range(start, len(lines)) if lines[i].startswith("# ---- ")), len(lines) + 1)
+    parts, modified, _ = components(name, source)
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    for node in defs:
+        changed = node.name not in VANILLA or any(m == node.name or m.startswith(node.name + ".") for m in modified)
+        if (start < node.lineno < end) != (not changed and node.name not in LEAD):
+            problems.append(f"{node.name} (line {node.lineno}) is on the wrong side of the banner")
+    config = next(i for i, n in enumerate(defs) if n.name == "GPTConfig")
+    if name != "vanilla" and not defs[config + 1].lineno <= min(150, start):
+        problems.append(f"the method starts at line {defs[config + 1].lineno}")
+    return problems
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_a_reader_meets_the_method_first_and_sees_where_vanilla_starts(name):
+    assert layout_problems(name, open(os.path.join(ROOT, f"model_{name}.py")).read()) == []
+
+
+def test_the_layout_check_can_fail():
+    """An unchanged component moved above the banner, a long docstring and a late method are each seen."""
+    source = open(os.path.join(ROOT, "model_vertical.py")).read()
+    tree = ast.parse(source)
+    rms = next(n for n in tree.body if getattr(n, "name", None) == "RMSNorm")
+    lines = source.splitlines()
+    text = "\n".join(lines[rms.lineno - 1:rms.end_lineno])
+    moved = source.replace(text + "\n", "").replace("\n\ndef inverse_norm", "\n\n" + text + "\n\n\ndef inverse_norm")
+    assert layout_problems("vertical", moved) == ["RMSNorm (line 67) is on the wrong side of the banner"]
+    long_doc = source.replace('"""\nimport math', "a note\n" * 20 + '"""\nimport math', 1)
+    assert layout_problems("vertical", long_doc)[0] == "docstring over 20 lines"
+    late = source.replace("\n\ndef inverse_norm", "\n" * 100 + "def inverse_norm")
+    assert any(p.startswith("the method starts at line") for p in layout_problems("vertical", late))

@@ -1,4 +1,4 @@
-"""Tests of model_skiplayer.py (issue 4) beyond the shared contract suite.
+"""Tests of model_skiplayer.py beyond the shared contract suite.
 
 Expected head-to-layer maps are written here from the papers' rules in 1-indexed arithmetic, independently of
 GPTConfig.head_sources, so that the model is checked against the rule and not against itself.
@@ -250,7 +250,8 @@ def test_cache_reads_the_source_layers_cache(overrides):
     with torch.no_grad():
         full, _ = model(idx)
         cache = sla.KVCache(model.config, 2, idx.device, torch.float32)
-        parts = [model(idx[:, a:b], cache=cache)[0] for a, b in ((0, 9), (9, 15), (15, 16), (16, 17), (17, 20))]
+        parts = [model(idx[:, a:b], cache=cache, input_pos=torch.arange(a, b))[0]
+                 for a, b in ((0, 9), (9, 15), (15, 16), (16, 17), (17, 20))]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
     prompt = tokens(length=6)
     assert torch.equal(generate(model, prompt, 20, temperature=0),

@@ -1,4 +1,4 @@
-"""model_skipmiddle.py: gates, gated attention, the sparsity controller and its state (issue 7)."""
+"""model_skipmiddle.py: gates, gated attention, the sparsity controller and its state, generation that skips."""
 import math
 import os
 import subprocess
@@ -25,9 +25,9 @@ def run_capturing(model, idx, **kwargs):
     """Forward idx; return (logits, loss, inputs, gates): per block the stream entering it and its gate (B, T)."""
     inputs, gates = [], []
 
-    def hook(block, args):  # Block.forward(x, cos, sin, cache, g)
+    def hook(block, args):  # Block.forward(x, cos, sin, cache, input_pos, g)
         inputs.append(args[0].detach())
-        gates.append(args[4].detach() if args[4] is not None else None)
+        gates.append(args[5].detach() if args[5] is not None else None)
 
     handles = [b.register_forward_pre_hook(hook) for b in model.blocks]
     try:
@@ -103,7 +103,7 @@ def test_all_gates_zero_skip_every_block():
     logits, _ = model(idx)
     expected = model.lm_head(model.norm(model.emb_norm(model.tok_emb(idx))))
     torch.testing.assert_close(logits, expected)
-    stats = model.stats()
+    stats = model.stats(idx)
     assert stats["gate0_zero"] == stats["gate1_zero"] == 1.0 and stats["gate1_mean"] == 0.0
     c = model.config
     head = c.n_embd * c.vocab_size
@@ -130,9 +130,9 @@ def direct_mask(g, T, past):
     return torch.where(causal, torch.log(g.clamp(min=sm.GATE_EPS))[:, None, None, :], float("-inf"))
 
 
-def direct_attention(attn, x, cos, sin, cache=None, g=None, pos=None):
+def direct_attention(attn, x, cos, sin, cache=None, input_pos=None, g=None):
     """CausalSelfAttention.forward written directly: expanded K, V and the explicit mask, no cache."""
-    assert cache is None and pos is None
+    assert cache is None and input_pos is None
     B, T, _ = x.shape
     if g is None:
         g = torch.ones(B, T, dtype=x.dtype)
@@ -172,8 +172,7 @@ def test_gate_carried_in_the_keys_equals_the_direct_masked_form_in_float64(n_kv_
     parts = []
     with torch.no_grad():
         for a, b in [(0, 9), (9, 15)] + [(t, t + 1) for t in range(15, T)]:
-            parts.append(attn(x[:, a:b], cos[a:b], sin[a:b], cache, g[:, a:b]))
-            cache.pos = b
+            parts.append(attn(x[:, a:b], cos[a:b], sin[a:b], cache, torch.arange(a, b), g[:, a:b]))
     torch.testing.assert_close(torch.cat(parts, dim=1), ref_y, rtol=1e-12, atol=1e-12)
 
 
@@ -279,14 +278,13 @@ def test_a_skipped_token_is_invisible_to_later_tokens_in_the_model_and_with_the_
     assert (dense(other)[0][:, 6:] - dense(idx)[0][:, 6:]).abs().max() > 1e-2
     # with the key/value cache, token by token: cached keys keep their gates
     cache = sm.KVCache(model.config, 2, "cpu", torch.float32)
-    steps = torch.cat([model(idx[:, t:t + 1], cache=cache)[0] for t in range(24)], dim=1)
+    steps = torch.cat([model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0] for t in range(24)], dim=1)
     torch.testing.assert_close(steps, logits, rtol=1e-4, atol=1e-5)
     g = torch.stack(cache.g)  # (L, B, block_size): every layer's cached gates
     assert (g[:, :, 5] == 0).all() and (g[:, :, :24].sum() == 4 * 2 * 23)
-    cache.pos = 23
     for layer_gates in cache.g:  # a cache that forgot the gates would let token 5 be seen
         layer_gates.fill_(1.0)
-    assert (model(idx[:, 23:], cache=cache)[0][:, 0] - logits[:, 23]).abs().max() > 1e-3
+    assert (model(idx[:, 23:], cache=cache, input_pos=torch.tensor([23]))[0][:, 0] - logits[:, 23]).abs().max() > 1e-3
 
 
 def test_gate_gradient_flows_through_the_attention_bias():
@@ -404,26 +402,24 @@ def test_coefficients_survive_a_checkpoint_round_trip(tmp_path):
     assert torch.equal(loaded.gate_alpha, model.gate_alpha) and torch.equal(loaded.gate_beta, model.gate_beta)
 
 
-def test_stats_and_depth_map():
-    model = build(gate_init_std=0.3)
-    with pytest.raises(RuntimeError):
-        model.depth_map()
+def test_stats_and_depth_map_measure_the_batch_they_are_given():
+    model = build(gate_init_std=0.3).eval()
     idx = torch.randint(0, TINY["vocab_size"], (2, 32))
-    gates = torch.stack(run_capturing(model, idx, targets=idx)[3])
-    model.after_step()
-    stats = model.stats()  # from the last optimiser step
+    gates = torch.stack(run_capturing(model, idx)[3])
+    with torch.no_grad():
+        model.gate_alpha.fill_(0.25)
+    stats = model.stats(idx)
     assert set(stats) == {f"gate{l}_{k}" for l in range(2) for k in ("mean", "zero", "alpha", "beta")} | {
         "est_flops_ratio"}
     assert stats["gate1_mean"] == pytest.approx(gates[1].mean().item(), abs=1e-6)
     assert stats["gate1_zero"] == pytest.approx((gates[1] == 0).float().mean().item())
-    assert stats["gate0_alpha"] == model.gate_alpha[0].item()
+    assert stats["gate0_alpha"] == 0.25
     assert 0 < stats["est_flops_ratio"] < 1.01
-    torch.testing.assert_close(model.depth_map(), gates.mean((1, 2)).unsqueeze(1))
-    model.eval()(idx[:, :8])  # eval forwards take over until stats() consumes them
-    torch.testing.assert_close(model.depth_map()[:, 0], gates[:, :, :8].mean((1, 2)))
-    assert model.stats()["gate1_mean"] == pytest.approx(gates[1, :, :8].mean().item(), abs=1e-6)
-    assert model.stats()["gate1_mean"] == pytest.approx(stats["gate1_mean"])  # consumed: back to the step's
-    assert build(gated=False).stats() == {} and build(gated=False).depth_map().shape == (4, 1)
+    torch.testing.assert_close(model.depth_map(idx), gates.mean((1, 2)).unsqueeze(1))
+    torch.testing.assert_close(model.depth_map(idx[:, :8])[:, 0], gates[:, :, :8].mean((1, 2)))  # causal: a prefix
+    # forward keeps nothing: a training forward feeds only the controller, and the hooks are gone afterwards
+    assert model._train_sums is None and all(not b._forward_pre_hooks for b in model.blocks)
+    assert build(gated=False).stats(idx) == {} and build(gated=False).depth_map(idx).shape == (4, 1)
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -482,19 +478,14 @@ DDP_SCRIPT = textwrap.dedent("""
     coefs = torch.cat([model.gate_alpha, model.gate_beta])
     gathered = [torch.zeros_like(coefs) for _ in range(world)]
     dist.all_gather(gathered, coefs)
-    # validation as train.py does it: each rank its own share (of a different size), then stats() on every rank
+    # stats() on every rank, each with its own batch (of a different size), as train.py gives them
     val = [torch.randint(0, 64, (2 + 3 * r, 32), generator=torch.Generator().manual_seed(7 + r)) for r in range(world)]
     model.eval()
-    with torch.no_grad():
-        model(val[rank])
     stats = [None] * world
-    dist.all_gather_object(stats, model.stats())
+    dist.all_gather_object(stats, model.stats(val[rank]))
     dist.destroy_process_group()  # before the reference run: after_step() all-reduces while a group exists
     if rank == 0:
-        with torch.no_grad():  # the same weights in one process, over every rank's windows
-            for x in val:
-                model(x)
-        pooled = model.stats()
+        pooled = model.stats(torch.cat(val))  # the same weights in one process, over every rank's windows
         ref = make()  # one process, the whole global batch in each step (same gradients up to rounding)
         ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(3):
@@ -522,8 +513,7 @@ def test_ddp_two_processes_keep_identical_coefficients(tmp_path):
     a, b = result["ranks"]
     assert torch.equal(a, b) and a.abs().sum() > 0  # identical on both ranks, and the controller did move
     torch.testing.assert_close(a, result["single"], rtol=1e-4, atol=1e-6)
-    # stats() describes every rank's validation windows, as val_loss does: the same on both ranks, and equal to
-    # one process that read all of them
+    # stats() describes every rank's batch: the same on both ranks, and equal to one process that read them all
     s0, s1 = result["stats"]
     assert s0 == s1 and s0.keys() == result["pooled"].keys()
     for k, v in result["pooled"].items():
@@ -567,7 +557,7 @@ def test_closed_middle_gates_skip_the_middle_blocks_and_generation_is_unchanged(
     assert calls == [20, 0, 0, 20]  # one prefill + 19 decoding steps; the closed blocks never run
     dense = generate(model, idx, 20, temperature=0, skip=False)
     assert torch.equal(skip, dense) and calls[1] == 20
-    torch.testing.assert_close(model.forward_skip(dense)[0], model(dense)[0], rtol=0, atol=eps_tolerance(model, 29))
+    torch.testing.assert_close(sm.forward_skip(model, dense)[0], model(dense)[0], rtol=0, atol=eps_tolerance(model, 29))
 
 
 def test_generation_with_skipping_runs_under_bf16_autocast():
@@ -593,11 +583,11 @@ def test_a_mix_of_open_and_closed_tokens_per_row(monkeypatch):
     logits, _, _, gates = run_capturing(model, idx)
     assert (gates[0][idx >= 10] == 1).all() and (gates[0][idx == 7] - 0.3).abs().max() < 1e-5
     assert (gates[1][idx == 7] == 0).all() and (gates[1][idx >= 10] == 0.5).all()
-    torch.testing.assert_close(model.forward_skip(idx)[0], logits, rtol=0, atol=eps_tolerance(model, 30))
+    torch.testing.assert_close(sm.forward_skip(model, idx)[0], logits, rtol=0, atol=eps_tolerance(model, 30))
     # the cache: per layer every token's gate at its position, 0 (its key hidden) where it did not run the layer
     cache = sm.SkipCache(model.config, 3, "cpu", torch.float32)
-    steps = [model.forward_skip(idx[:, :12], cache=cache)[0]]
-    steps += [model.forward_skip(idx[:, t:t + 1], cache=cache)[0] for t in range(12, 30)]
+    steps = [sm.forward_skip(model, idx[:, :12], cache=cache)[0]]
+    steps += [sm.forward_skip(model, idx[:, t:t + 1], cache, torch.tensor([t]))[0] for t in range(12, 30)]
     torch.testing.assert_close(torch.cat(steps, dim=1), logits, rtol=0, atol=eps_tolerance(model, 30))
     for l in range(4):
         g = gates[model.mirror[l]]
@@ -607,7 +597,7 @@ def test_a_mix_of_open_and_closed_tokens_per_row(monkeypatch):
     # the eps floor is what separates the two: with a floor of 1e-2 the difference exceeds the tolerance
     tolerance = eps_tolerance(model, 30)
     monkeypatch.setattr(sm, "GATE_EPS", 1e-2)
-    assert (model.forward_skip(idx)[0] - model(idx)[0]).abs().max() > tolerance
+    assert (sm.forward_skip(model, idx)[0] - model(idx)[0]).abs().max() > tolerance
 
 
 def test_skipped_tokens_entries_get_no_weight():
@@ -618,14 +608,14 @@ def test_skipped_tokens_entries_get_no_weight():
     idx = torch.randint(10, TINY["vocab_size"], (1, 20))
     idx[0, [4, 11]] = 7
     cache = sm.SkipCache(model.config, 1, "cpu", torch.float32)
-    first = model.forward_skip(idx[:, :15], cache=cache)[0]
+    first = sm.forward_skip(model, idx[:, :15], cache=cache)[0]
     assert all((g[0] > 0).sum() == 13 for g in cache.g)  # tokens 4 and 11 left no visible key in any layer
     for k, v in zip(cache.k, cache.v):
         for t in ([4, 11], slice(15, None)):
             k[:, :, t], v[:, :, t] = 1e4, -1e4
-    rest = [model.forward_skip(idx[:, 15:16], cache=cache)[0][:, 0]]  # a chunk of one, then decode steps
+    rest = [sm.forward_skip(model, idx[:, 15:16], cache, torch.tensor([15]))[0][:, 0]]  # a chunk of one, then decode steps
     rest += [decode_step(model, idx[:, t:t + 1], torch.tensor(t), cache) for t in range(16, 20)]
-    full = model.forward_skip(idx)[0]
+    full = sm.forward_skip(model, idx)[0]
     assert torch.isfinite(torch.stack(rest)).all()
     torch.testing.assert_close(torch.cat([first, torch.stack(rest, dim=1)], dim=1), full, rtol=1e-5, atol=1e-5)
 
