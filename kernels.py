@@ -1,0 +1,131 @@
+"""
+Eager kernels per training step and per decode step, for every model file: what a laptop, a CPU or Apple MPS pays
+for, where torch.compile does not fuse them (every launch counts there).
+
+    python kernels.py                                   # every model file at GPT-2 small's shape, as in the README
+    python kernels.py --n_layer 6 --n_embd 128 --json results/kernels.json
+    python kernels.py --model_file path/to/model.py     # another repository's model file, counted the same way
+
+A kernel is one ATen operator call seen by a TorchDispatchMode, views excluded (an operator whose result aliases
+its input: view, transpose, expand, split, detach, ...). The training step is one forward with targets and its
+backward, in float32 on the CPU; the decode step is generate.py's decode_step at the middle of the context, after
+a prefill. The counts depend on the shapes only through which operators run, not on their sizes, so a small
+batch gives the same count as a large one.
+"""
+import argparse
+import collections
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from common import model_names, load_model_module
+from generate import cache_for, decode_step, inference
+
+SHAPE = dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, ffn_hidden=3072, vocab_size=50304)  # GPT-2 small
+
+
+class KernelCount(TorchDispatchMode):
+    """Counts the ATen operators run under it, by name, leaving out views."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
+            self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(fn):
+    with KernelCount() as counter:
+        fn()
+    return counter.ops
+
+
+def training_step(model, batch_size, block_size, vocab_size):
+    idx = torch.randint(0, vocab_size, (batch_size, block_size))
+    model.train()
+
+    def step():
+        model(idx, targets=idx)[1].backward()
+    step()  # once before counting: lazily made state (rotary tables on first use, grads' buffers)
+    model.zero_grad(set_to_none=True)
+    return count(step)
+
+
+def decode(model, block_size, vocab_size, batch_size=1):
+    model.eval()
+    forward, cache_class = inference(model)
+    cache = cache_for(model, cache_class, batch_size, torch.device("cpu"))
+    prompt = torch.randint(0, vocab_size, (batch_size, block_size // 2))
+    with torch.no_grad():
+        forward(prompt, cache=cache, input_pos=torch.arange(block_size // 2))
+    token, pos = prompt[:, -1:], torch.tensor([block_size // 2])
+    decode_step(model, token, pos, cache)  # once before counting
+    return count(lambda: decode_step(model, token, pos + 1, cache))
+
+
+def external(path, args):
+    """The training step of another repository's model file (nanoGPT's GPT(GPTConfig), gpt-fast's Transformer)."""
+    spec = importlib.util.spec_from_file_location("external_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    config = module.GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                              vocab_size=args.vocab_size, block_size=args.block_size, bias=False, dropout=0.0)
+    model = module.GPT(config)
+    idx = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size))
+    model(idx, idx)[1].backward()
+    model.zero_grad(set_to_none=True)
+    return count(lambda: model(idx, idx)[1].backward())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    for name, default in SHAPE.items():
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"(default: {default})")
+    parser.add_argument("--batch_size", type=int, default=4, help="(default: 4)")
+    parser.add_argument("--block_size", type=int, default=256, help="(default: 256)")
+    parser.add_argument("--model_file", default="", help="count a nanoGPT-style model.py (GPT, GPTConfig) instead "
+                        "of this repository's model files (default: none)")
+    parser.add_argument("--json", default="", help="also write the counts here (default: none)")
+    parser.add_argument("--top", type=int, default=6, help="operators listed per row (default: 6)")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.model_file:
+        ops = external(args.model_file, args)
+        print(f"{args.model_file}: {sum(ops.values())} kernels per forward + backward; {dict(ops.most_common(8))}")
+        return
+    rows = {}
+    for name in model_names():
+        module = load_model_module(name)
+        config = module.GPTConfig(**{k: getattr(args, k) for k in SHAPE}, block_size=args.block_size)
+        model = module.GPT(config)
+        train = training_step(model, args.batch_size, args.block_size, args.vocab_size)
+        step = decode(model, args.block_size, args.vocab_size)
+        rows[name] = {"train": sum(train.values()), "decode": sum(step.values()),
+                      "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
+        del model
+    base = rows["vanilla"]["train"]
+    print(f"eager kernels per training step (forward + backward) and per decode step; {args.n_layer} x "
+          f"{args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}")
+    print(f"| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |\n|---|--:|--:|--:|---|")
+    for name, r in rows.items():
+        top = ", ".join(f"{n} {c}" for n, c in list(r["train_ops"].items())[:args.top])
+        print(f"| {name} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shape": {**{k: getattr(args, k) for k in SHAPE}, "batch_size": args.batch_size,
+                                 "block_size": args.block_size, "torch": torch.__version__}, "models": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
