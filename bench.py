@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, dumps, hardware_name,
-                    load_checkpoint, load_model_module, main_boundary, option, parse_simple, peak_flops,
+from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, to_json, hardware_name,
+                    model_from_checkpoint, load_model_module, main_boundary, option, parse_simple, peak_flops,
                     resolve_device, resolve_dtype, synchronize, update_readme)
 from generate import compile_decode_step, decode_step, generate
 
@@ -185,7 +185,7 @@ def checkpoint_generation(args, device, ctx):
     """--checkpoint: skip_generation() on a trained run, greedy from the first 16 tokens of its val split."""
     if not os.path.exists(checkpoint_path(args.checkpoint)):
         raise ConfigError(f"--checkpoint {args.checkpoint}: no checkpoint there; pass the out_dir of a training run")
-    model, _, ckpt = load_checkpoint(args.checkpoint, device)
+    model, _, ckpt = model_from_checkpoint(args.checkpoint, device)
     model.eval()
     meta = ckpt["meta"]
     val = np.memmap(os.path.join(args.data_dir, meta["dataset"], "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
@@ -488,7 +488,7 @@ def main(argv):
         head.update(batch_size=args.batch_size, compile=args.compile, warmup=args.warmup, iters=args.iters)
     if args.json:
         with open(args.json, "w") as f:
-            f.write(dumps({**head, "results": rows}, indent=1))
+            f.write(to_json({**head, "results": rows}, indent=1))
     if args.update_readme:
         note = (f"`{shlex.join(['python', 'bench.py', *argv])}` on {hardware}, {dtype}, torch {torch.__version__}; "
                 f"greedy, {args.prompt_tokens} prompt tokens, {args.decode_tokens} timed steps, median of "

@@ -1,20 +1,24 @@
 """
-What train.py, sample.py, eval.py, bench.py, sweep.py and prepare.py share: options, the error boundary, the
-device, prepared data and checkpoints.
-
-Options. Every script declares its options once, as the fields of a dataclass made with option() (the same
-helper the model files use for their GPTConfig): default, --help text and constraints side by side. The
-parsers turn those dataclasses into one command line, and checked() applies the constraints, to values from
-config files too, before the dataclass is built (its __post_init__ keeps only the rules across fields). Only
-leading arguments are config files (`train.py config/x.py --max_iters 10`): a value such as `--out_dir run.py`
-is a value.
-
-Errors. A mistake in the user's input raises ConfigError; main_boundary() turns it, and the other failures
-the user can fix (a file that cannot be written: disk full, read-only folder), into one `error: ...` line and
-exit code 1. Anything else keeps its traceback: that is a bug to fix.
+What several scripts share (train.py, sample.py, eval.py, bench.py, sweep.py, prepare.py, export.py, hf.py), each
+part under its heading below:
+    errors       ConfigError, RunError and main_boundary(): a mistake the user can fix (bad input, a file that
+                 cannot be written) ends in one `error: ...` line and exit code 1; anything else keeps its
+                 traceback, as a bug to fix
+    files        one reader per kind of file, so that a bad one ends in one line naming it; strict JSON (to_json)
+    options      every script declares its options once, as the fields of a dataclass made with option():
+                 default, --help text and constraints side by side; the parsers turn them into one command line
+                 with exact names, and check_config() applies the constraints (to preset files' values too) before
+                 make_config() builds the dataclass. Only leading arguments are preset files
+                 (`train.py config/x.py --max_iters 10`): a value such as `--out_dir run.py` is a value
+    models       the model files by name, and a model built from options
+    device       the device, the precision (autocast), synchronize, the GPU's peak FLOP/s
+    data         a prepared data set: meta.json and its token splits
+    tables       README.md's copies of generated tables
+    checkpoints  reading train.py's ckpt.pt, its weights into a model, a model from a run folder
 """
 import argparse
 import dataclasses
+import difflib
 import errno
 import glob
 import importlib
@@ -23,31 +27,17 @@ import math
 import os
 import re
 import sys
-import time
 import types
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 
-from model_vanilla import option  # noqa: F401 (the scripts declare their options with the model files' helper)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# dense bf16 peak FLOP/s by GPU name, for MFU; the first name found in the device's name wins
-PEAK_FLOPS = [
-    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12),
-    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
-    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
-]
-
-# size presets from the Vertical Attention paper's Table 2 (its names; the counts change with the vocabulary)
-SIZES = {
-    "50m": dict(n_embd=192, ffn_hidden=768, n_head=3, n_layer=6, n_kv_head=1),
-    "100m": dict(n_embd=384, ffn_hidden=1536, n_head=6, n_layer=8, n_kv_head=3),
-    "300m": dict(n_embd=768, ffn_hidden=3072, n_head=12, n_layer=12, n_kv_head=4),
-}
-
+# ----------------------------------------------------------------------------------------------------------
+# errors
 
 class ConfigError(Exception):
     """A mistake in the user's input (or a failure the user can fix), reported as one line."""
@@ -92,7 +82,7 @@ def main_boundary(main):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# files: every file a script reads goes through these, so that a bad one ends in one line naming it
+# files: every file a script reads goes through these, so that a bad one ends in one line naming it; strict JSON
 
 def read_bytes(path, what, fix):
     """The bytes of the file at path; ConfigError (naming what it is and the fix) if it is missing, a folder or
@@ -136,40 +126,69 @@ def read_json(path, what, fix):
         raise ConfigError(f"{what} {path} is not readable JSON ({' '.join(str(e).split())[:120]}); {fix}")
 
 
-def finite(value):
+def json_safe(value):
     """value with every float that is not finite replaced by None, in dicts, lists and tuples too."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def has_nonfinite(value):
-    """Whether value holds a float that is not finite (which dumps() writes as null)."""
+    """Whether value holds a float that is not finite (which to_json() writes as null)."""
     if isinstance(value, float):
         return not math.isfinite(value)
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     return any(has_nonfinite(v) for v in items)
 
 
-def dumps(value, **kwargs):
-    """Strict JSON, which every tool reads: a value that is not finite becomes null (finite())."""
-    return json.dumps(finite(value), allow_nan=False, **kwargs)
+def to_json(value, **kwargs):
+    """Strict JSON, which every tool reads: a value that is not finite becomes null (json_safe())."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # options
 
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints (min / max, above / below, choices, path), which
+    check_config() applies; the model files define the same helper for their GPTConfig."""
+    return dataclasses.field(default=default, metadata=dict(doc=doc, **rules))
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with its errors as one line (the usage block hides the message)."""
+    """argparse with exact option names (no prefix of one is taken for it) and its errors as one line (the usage
+    block hides the message), naming the closest option or the model file that has it. model: the model file whose
+    options this parser holds, if any."""
+
+    def __init__(self, *args, model=None, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.model = model
 
     def error(self, message):
-        if message.startswith("unrecognized arguments") and ".py" in message:
-            message += " (preset files go first, before every --option)"
+        if message.startswith("unrecognized arguments"):
+            args = message.split(":", 1)[1].split()
+            if any(a.endswith(".py") for a in args):
+                message += " (preset files go first, before every --option)"
+            message += "".join(f"; {h}" for h in map(self.hint, args) if h)
         raise ConfigError(f"{message}; see {os.path.basename(sys.argv[0])} --help")
+
+    def hint(self, arg):
+        """What an unknown --option probably meant: another model file's option, or the closest of this parser's."""
+        name = arg.split("=")[0]
+        if not name.startswith("--"):
+            return ""
+        if self.model is not None:
+            owners = [m for m in model_names() if m != self.model and name[2:] in
+                      {f.name for f in dataclasses.fields(load_model_module(m).GPTConfig)}]
+            if owners:
+                return (f"{name} is an option of {' and '.join(f'model_{m}.py' for m in owners)}, not of "
+                        f"model_{self.model}.py: pass --model {owners[0]}, or drop {name}")
+        close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--")], 1)
+        return f"did you mean {close[0]}?" if close else ""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -214,7 +233,7 @@ def parse_model_options(config_class, argv, doc):
         values = read_config_file(path)
         from_files.update(values)
         origin.update(dict.fromkeys(values, path))
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("model", "dataset", "data_dir"):
         pre.add_argument(f"--{name}", default=from_files.get(name, getattr(config_class, name)))
     early = pre.parse_known_args(rest)[0]
@@ -230,7 +249,7 @@ def parse_model_options(config_class, argv, doc):
             check_config(cls, {k: v for k, v in from_files.items() if k in names})
         except ValueError as e:
             raise ConfigError(f"{e} (set in {origin[str(e).split()[0][2:]]})")
-    parser = ArgumentParser(description=doc, formatter_class=HelpFormatter,
+    parser = ArgumentParser(description=doc, formatter_class=HelpFormatter, model=early.model,
                             usage="%(prog)s [preset.py ...] [--option value ...]")
     add_options(parser, config_class, "training", from_files)
     try:  # --help shows the vocabulary a new run takes: the data set's, where it is prepared
@@ -248,9 +267,9 @@ def parse_model_options(config_class, argv, doc):
     def where(name):
         return f" (set in {origin[name]})" if name in origin and name not in explicit_options(rest) else ""
     try:
-        cfg = checked(config_class, **{k: v for k, v in args.items() if k in train_fields})
+        cfg = make_config(config_class, **{k: v for k, v in args.items() if k in train_fields})
         model_args = {k: v for k, v in args.items() if k in model_fields}
-        checked(module.GPTConfig, **model_args)  # its constraints, before any data is read
+        make_config(module.GPTConfig, **model_args)  # its constraints, before any data is read
     except (ValueError, TypeError) as e:
         name = str(e).split()[0][2:] if str(e).startswith("--") else ""
         raise ConfigError(f"{e}{where(name)}")
@@ -332,19 +351,12 @@ def check_config(config_class, values):
             raise ValueError(f"{name} must be below {below}, not {value}")
 
 
-def checked(config_class, **values):
+def make_config(config_class, **values):
     """config_class(**values) after check_config(): each field's constraints first, then its __post_init__'s
-    rules across fields (which may divide by a field that the first check keeps from being 0)."""
+    rules across fields (which may divide by a field that the first check keeps from being 0); ValueError naming
+    the option."""
     check_config(config_class, values)
     return config_class(**values)
-
-
-def make_config(config_class, values, source=""):
-    """checked(config_class, **values); ConfigError names the option (and where it came from)."""
-    try:
-        return checked(config_class, **values)
-    except ValueError as e:
-        raise ConfigError(f"{e}{source}")
 
 
 def check_paths(config):
@@ -382,13 +394,24 @@ def parse_simple(config_class, argv, doc):
     add_options(parser, config_class, "options")
     argv = attach_option_values(list(argv), config_class)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
-    config = make_config(config_class, values)
+    try:
+        config = make_config(config_class, **values)
+    except ValueError as e:
+        raise ConfigError(str(e))
     check_paths(config)
     return config
 
 
 # ----------------------------------------------------------------------------------------------------------
 # models
+
+# size presets from the Vertical Attention paper's Table 2 (its names; the counts change with the vocabulary)
+SIZES = {
+    "50m": dict(n_embd=192, ffn_hidden=768, n_head=3, n_layer=6, n_kv_head=1),
+    "100m": dict(n_embd=384, ffn_hidden=1536, n_head=6, n_layer=8, n_kv_head=3),
+    "300m": dict(n_embd=768, ffn_hidden=3072, n_head=12, n_layer=12, n_kv_head=4),
+}
+
 
 def model_names():
     return sorted(os.path.basename(p)[6:-3] for p in glob.glob(os.path.join(HERE, "model_*.py")))
@@ -409,12 +432,22 @@ def build_model(module, model_args, source):
     if extra:
         raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
                           "does not know; it was saved by another version of that file")
-    config = make_config(module.GPTConfig, model_args, f" ({module.__name__}.py, from {source})")
+    try:
+        config = make_config(module.GPTConfig, **model_args)
+    except ValueError as e:
+        raise ConfigError(f"{e} ({module.__name__}.py, from {source})")
     return module.GPT(config)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# device and precision, for every script
+# device and precision
+
+# dense bf16 peak FLOP/s by GPU name, for MFU; the first name found in the device's name wins
+PEAK_FLOPS = [
+    ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12), ("V100", 125e12), ("T4", 65e12),
+]
 
 def resolve_device(name):
     """The torch.device of a --device option (auto: CUDA where there is a GPU, else CPU), or ConfigError."""
@@ -483,7 +516,7 @@ def hardware_name(device):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# prepared data: data/<dataset>/{train,val}.bin + meta.json from prepare.py
+# data: data/<dataset>/{train,val}.bin + meta.json from prepare.py
 
 REDO = "run prepare.py again to remake the data set"
 
@@ -524,29 +557,13 @@ def split_tokens(data_dir, dataset, split, meta):
     return n
 
 
-def check_splits(data_dir, dataset, meta, block_size, vocab_size):
-    """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
-    for split in ("train", "val"):
-        n = split_tokens(data_dir, dataset, split, meta)
-        if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
-            raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
-                              f"{block_size}; lower --block_size to {max(1, n - 2)} or less, or prepare more data")
-        data = open_split(data_dir, dataset, split, meta)
-        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
-        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
-        if top >= vocab_size:
-            raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
-                              f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
-                              "again to remake the data set")
-
-
 def open_split(data_dir, dataset, split, meta):
     # a fresh memmap per call: numpy's memmap otherwise holds pages and leaks memory over long runs
     return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
 
 
 # ----------------------------------------------------------------------------------------------------------
-# generated tables: README.md's copies
+# tables: README.md's copies of generated tables
 
 def update_readme(table, results):
     """Replace README.md's copy of a generated table between its markers for `results` (a results folder or file):
@@ -595,28 +612,7 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model")):
     return ckpt
 
 
-def check_resume(cfg, model_args, explicit, ckpt, meta, path):
-    """--resume continues the saved model on data of the same tokenizer. A model option that differs from the
-    checkpoint's would be ignored, so it is refused: changing the model needs a new run."""
-    if ckpt["model_name"] != cfg.model:
-        raise ConfigError(f"{path} was trained with --model {ckpt['model_name']}, not {cfg.model}; "
-                          f"pass --model {ckpt['model_name']} or choose another --out_dir")
-    saved = ckpt["model_args"]
-    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
-              if k in explicit and v != saved.get(k)]
-    if differ:
-        raise ConfigError(f"--resume continues the model saved in {path}, and these options would change it: "
-                          f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
-    trained = ckpt["meta"]
-    if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
-        raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
-                          f"{trained['vocab_size']}) but {os.path.join(cfg.data_dir, cfg.dataset)} uses "
-                          f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
-                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
-                          f"--tokenizer {trained['tokenizer']}")
-
-
-def load_state(model, state, model_name, path):
+def load_weights(model, state, model_name, path):
     """The weights of a checkpoint into model; ConfigError if they do not fit it or are not all finite."""
     if not isinstance(state, dict) or not all(torch.is_tensor(t) for t in state.values()):
         raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train "
@@ -632,13 +628,13 @@ def load_state(model, state, model_name, path):
                           "it was saved by another version of that file")
 
 
-def load_checkpoint(out_dir, device="cpu", keys=("model_name", "model_args", "model")):
+def model_from_checkpoint(out_dir, device="cpu", keys=("model_name", "model_args", "model")):
     """(model, module, checkpoint dict) from out_dir/ckpt.pt (or a .pt path), or ConfigError with the fix."""
     path = checkpoint_path(out_dir)
     ckpt = read_checkpoint(path, keys)
     module = load_model_module(ckpt["model_name"])
     model = build_model(module, ckpt["model_args"], path)
-    load_state(model, ckpt["model"], ckpt["model_name"], path)
+    load_weights(model, ckpt["model"], ckpt["model_name"], path)
     return model.to(device), module, ckpt
 
 
@@ -649,123 +645,3 @@ def describe_run(ckpt):
         return "step unknown"
     tokens = ckpt.get("tokens_seen")
     return f"step {step:,}" + (f", {tokens:,} tokens seen" if tokens is not None else "")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the run folder train.py writes: a lock, an append-only log, atomic checkpoints
-
-def lock_out_dir(out_dir):
-    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        handle = open(os.path.join(out_dir, ".lock"), "a")
-    except OSError as e:
-        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
-    try:
-        import fcntl
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass  # no fcntl (Windows): no lock
-    except OSError:
-        handle.close()
-        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
-    return handle
-
-
-def settle_log(out_dir, resume_step):
-    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
-    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
-    log_path = os.path.join(out_dir, "log.jsonl")
-    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
-        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
-    if not os.path.exists(log_path):
-        return
-    keep, move = [], []
-    with open(log_path, "rb") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["iter"]
-            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-                step = None
-            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
-            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
-    if move:
-        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
-            f.writelines(move)
-    with open(log_path + ".tmp", "wb") as f:
-        f.writelines(keep)
-    os.replace(log_path + ".tmp", log_path)
-
-
-class Log:
-    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the training time since the last
-    record. The clock runs from start_clock() to stop_clock() or the next train_record(), each of which waits for
-    the device: the time includes the GPU's queued work, and the device is synchronised only there."""
-
-    def __init__(self, cfg, model_args, raw_model, proc, start):
-        from tqdm import tqdm
-        T = model_args["block_size"]
-        self.master, self.path, self.device = proc.rank == 0, os.path.join(cfg.out_dir, "log.jsonl"), proc.device
-        self.tokens_per_step = proc.world * proc.accum * cfg.batch_size * T
-        self.run = {"world": proc.world, "gradient_accumulation_steps": proc.world * proc.accum,
-                    "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
-        self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
-        self.seconds, self.tokens, self.t0, self.wandb = 0.0, 0, None, None
-        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not self.master, dynamic_ncols=True)
-        if self.master:
-            self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
-                           f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
-                           f"{proc.device} {proc.dtype}")
-        if self.master and cfg.wandb_log:
-            import wandb
-            self.wandb = wandb
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
-                       config={**dataclasses.asdict(cfg), **model_args})
-
-    def start_clock(self):
-        if self.t0 is None:
-            synchronize(self.device)
-            self.t0 = time.perf_counter()
-
-    def stop_clock(self):
-        if self.t0 is not None:
-            synchronize(self.device)
-            self.seconds, self.t0 = self.seconds + time.perf_counter() - self.t0, None
-
-    def step_done(self):
-        self.tokens += self.tokens_per_step
-        self.bar.update(1)
-
-    def train_record(self, step, loss, lr):
-        self.stop_clock()
-        tok_s = self.tokens / self.seconds
-        self.seconds, self.tokens = 0.0, 0
-        self.start_clock()
-        return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
-                **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
-
-    def write(self, record, show=False):
-        if not self.master:
-            return
-        with open(self.path, "a") as f:
-            f.write(dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=record["iter"])
-        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
-        self.bar.write(text) if show else self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
-
-    def close(self):
-        self.bar.close()  # before any error line, so that it does not share the bar's line
-
-
-def save_checkpoint(path, ckpt):
-    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
-    tmp = path + ".tmp"
-    try:
-        torch.save(ckpt, tmp)
-    except (OSError, RuntimeError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
-                          "or choose another --out_dir; the previous checkpoint is kept")
-    os.replace(tmp, path)

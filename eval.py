@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import (DTYPES, ConfigError, autocast, describe_run, dumps, has_nonfinite, load_checkpoint, main_boundary,
+from common import (DTYPES, ConfigError, autocast, describe_run, to_json, has_nonfinite, model_from_checkpoint, main_boundary,
                     open_split, option, parse_json, parse_simple, read_meta, read_text, resolve_device, resolve_dtype,
                     split_tokens)
 from prepare import get_tokenizer
@@ -600,7 +600,7 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
 # ----------------------------------------------------------------------------------------------------------
 
 def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
-    model, _, ckpt = load_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta",
+    model, _, ckpt = model_from_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta",
                                                             "train_config"))
     model.eval()
     name, block_size = ckpt["model_name"], ckpt["model_args"]["block_size"]
@@ -664,7 +664,7 @@ def report(result, model, args):
             print(uniform_note(result), file=sys.stderr)
         if has_nonfinite(result):
             print(f"note: {result['out_dir']}: values that are not finite numbers are written as null", file=sys.stderr)
-        print(dumps(result), flush=True)
+        print(to_json(result), flush=True)
         return
     line = f"{result['model']} ({result['out_dir']}, {result['run']})"
     if "loss" in result:

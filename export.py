@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 import hf
-from common import ConfigError, load_checkpoint, main_boundary, option, parse_simple
+from common import ConfigError, model_from_checkpoint, main_boundary, option, parse_simple
 
 
 @dataclass
@@ -37,7 +37,7 @@ def main(argv):
     args = parse_args(argv)
     if os.path.exists(args.to) and (not os.path.isdir(args.to) or os.listdir(args.to)):
         raise ConfigError(f"--to {args.to} exists and is not an empty folder; choose another --to or remove it")
-    model, _, ckpt = load_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
+    model, _, ckpt = model_from_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
     model_args = dict(vars(model.config))  # the checkpoint's options, with the defaults of any it predates
     source = ckpt.get("train_config", {}).get("init_from") or None
     dtype = getattr(torch, args.dtype)

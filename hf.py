@@ -255,7 +255,7 @@ def load_weights(model, folder):
             with st.safe_open(path, framework="pt") as f:
                 tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
         try:
-            common.load_state(model, tensors, type(model).__module__[6:], f"{folder}/model.safetensors")
+            common.load_weights(model, tensors, type(model).__module__[6:], f"{folder}/model.safetensors")
         except common.ConfigError as e:
             raise HFError(str(e))
         return list(tensors)
@@ -348,7 +348,7 @@ def write_folder(to, config, tensors, files, meta):
     try:
         os.makedirs(tmp)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            f.write(common.dumps(config, indent=2))
+            f.write(common.to_json(config, indent=2))
             f.write("\n")
         safetensors().torch.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         for name, text in files.items():
@@ -408,7 +408,7 @@ def read_custom(folder, module):
         if not os.path.isfile(os.path.join(folder, needed)):
             raise HFError(f"{folder} lacks {needed}, which transformers runs the model with; export the run again")
     try:
-        common.checked(module.GPTConfig, **args)
+        common.make_config(module.GPTConfig, **args)
     except (ValueError, TypeError) as e:
         raise HFError(f"{path}: model_args do not fit {module.__name__}.py ({e}); export the run again")
     return args

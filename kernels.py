@@ -116,7 +116,7 @@ def main(argv=None):
     base = rows["vanilla"]["train"]
     print(f"eager kernels per training step (forward + backward) and per decode step; {args.n_layer} x "
           f"{args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}")
-    print(f"| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |\n|---|--:|--:|--:|---|")
+    print("| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |\n|---|--:|--:|--:|---|")
     for name, r in rows.items():
         top = ", ".join(f"{n} {c}" for n, c in list(r["train_ops"].items())[:args.top])
         print(f"| {name} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import ConfigError, dumps, main_boundary, option, parse_simple
+from common import ConfigError, to_json, main_boundary, option, parse_simple
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -270,7 +270,7 @@ def main(argv=None):
         counts = write_splits(args, docs, name, dataset, dtype, tmp["train.bin"], tmp["val.bin"])
         meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
                 "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
-        tmp["meta.json"].write_text(dumps(meta, indent=2) + "\n")
+        tmp["meta.json"].write_text(to_json(meta, indent=2) + "\n")
         for f in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it vouches for the two others
             os.replace(tmp[f], out / f)
     finally:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import (DTYPES, ConfigError, autocast, describe_run, explicit_options, load_checkpoint, main_boundary,
+from common import (DTYPES, ConfigError, autocast, describe_run, explicit_options, model_from_checkpoint, main_boundary,
                     option, parse_simple, resolve_device, resolve_dtype)
 from generate import compile_decode_step, generate
 from prepare import get_tokenizer
@@ -61,7 +61,7 @@ def main(argv):
     cfg = parse_args(argv)
     device = resolve_device(cfg.device)
     ctx = autocast(device, resolve_dtype(cfg.dtype, device))
-    model, module, ckpt = load_checkpoint(cfg.out_dir, device, keys=("model_name", "model_args", "model", "meta"))
+    model, module, ckpt = model_from_checkpoint(cfg.out_dir, device, keys=("model_name", "model_args", "model", "meta"))
     model.eval()
     encode, decode, _, _ = get_tokenizer(ckpt["meta"]["tokenizer"])
     prompt = read_prompt(cfg.start)

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from bench import RUNS
-from common import (DTYPES, SIZES, ConfigError, Interrupted, dumps, hardware_name, load_checkpoint, load_model_module,
+from common import (DTYPES, SIZES, ConfigError, Interrupted, to_json, hardware_name, model_from_checkpoint, load_model_module,
                     main_boundary, option, parse_json, parse_simple, read_json, read_meta, read_text, update_readme)
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
@@ -356,7 +356,7 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
             raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; every finished run is in "
                               "results.json and this one's checkpoint is kept: run the same command again to go on")
     seconds = time.time() - t0
-    model, _, ckpt = load_checkpoint(out_dir, device)
+    model, _, ckpt = model_from_checkpoint(out_dir, device)
     model.eval()
     T = model.config.block_size
     val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
@@ -450,7 +450,7 @@ def without_options(argv, *names):
 def write_json(path, data):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write(dumps(data, indent=1))
+        f.write(to_json(data, indent=1))
     os.replace(tmp, path)  # atomic: an interrupted sweep never leaves a broken results.json
 
 

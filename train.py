@@ -18,10 +18,12 @@ to log.superseded.jsonl.
 """
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 import signal
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -29,10 +31,9 @@ import numpy as np
 import torch
 
 import hf
-from common import (DTYPES, SIZES, ConfigError, Interrupted, Log, PeerLost, RunError, autocast, build_model,
-                    check_resume, check_splits, load_state, lock_out_dir, main_boundary, model_names, open_split,
-                    option, parse_model_options, read_checkpoint, read_meta, resolve_device, resolve_dtype,
-                    save_checkpoint, settle_log)
+from common import (DTYPES, SIZES, ConfigError, Interrupted, PeerLost, RunError, autocast, build_model, load_weights,
+                    main_boundary, model_names, open_split, option, parse_model_options, peak_flops, read_checkpoint,
+                    read_meta, resolve_device, resolve_dtype, split_tokens, synchronize, to_json)
 
 
 @dataclass
@@ -79,7 +80,7 @@ class TrainConfig:
                            "step took 1.8x nanoGPT's compiled one), off on CPU and MPS")
     peak_flops: float = option(0.0, "the device's peak FLOP/s for MFU; 0 = look the GPU up in a table", min=0)
 
-    def __post_init__(self):  # the rules across fields; each field's own are checked first (common.checked)
+    def __post_init__(self):  # the rules across fields; each field's own are checked first (common.make_config)
         if self.decay_lr and self.min_lr > self.learning_rate:
             raise ValueError(f"--min_lr {self.min_lr} is above --learning_rate {self.learning_rate}; the decay "
                              "ends at min_lr, so it must be at most the learning rate")
@@ -123,6 +124,43 @@ def read_run(cfg, model_args, module, explicit, meta):
     return ckpt, ckpt["model_args"]  # the architecture is the checkpoint's
 
 
+def check_resume(cfg, model_args, explicit, ckpt, meta, path):
+    """--resume continues the saved model on data of the same tokenizer. A model option that differs from the
+    checkpoint's would be ignored, so it is refused: changing the model needs a new run."""
+    if ckpt["model_name"] != cfg.model:
+        raise ConfigError(f"{path} was trained with --model {ckpt['model_name']}, not {cfg.model}; "
+                          f"pass --model {ckpt['model_name']} or choose another --out_dir")
+    saved = ckpt["model_args"]
+    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
+              if k in explicit and v != saved.get(k)]
+    if differ:
+        raise ConfigError(f"--resume continues the model saved in {path}, and these options would change it: "
+                          f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
+    trained = ckpt["meta"]
+    if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
+        raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
+                          f"{trained['vocab_size']}) but {os.path.join(cfg.data_dir, cfg.dataset)} uses "
+                          f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
+                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
+                          f"--tokenizer {trained['tokenizer']}")
+
+
+def check_splits(data_dir, dataset, meta, block_size, vocab_size):
+    """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
+    for split in ("train", "val"):
+        n = split_tokens(data_dir, dataset, split, meta)
+        if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
+            raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
+                              f"{block_size}; lower --block_size to {max(1, n - 2)} or less, or prepare more data")
+        data = open_split(data_dir, dataset, split, meta)
+        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
+        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
+        if top >= vocab_size:
+            raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
+                              f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
+                              "again to remake the data set")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the data, and this process's place in the run
 
@@ -135,21 +173,36 @@ class Process:
     device: torch.device
     dtype: str
 
-    @property
-    def ctx(self):
-        return autocast(self.device, self.dtype)
+    def __post_init__(self):
+        self.ctx = autocast(self.device, self.dtype)  # made once: a step enters it again and again
 
 
-def get_batch(cfg, meta, split, offsets, T, device):
-    """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens of data/<dataset>/<split>.bin that
-    start at offsets, as inputs and next-token targets. A fresh memmap per call: numpy's would hold pages and grow
-    over a long run. On CUDA the batch is pinned first, so that its copy to the GPU does not block."""
-    data = open_split(cfg.data_dir, cfg.dataset, split, meta)
-    x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in offsets.tolist()])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in offsets.tolist()])
-    if device.type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+class Data:
+    """The prepared data set's two splits, memory-mapped once per run (the pages read are the file system's cache,
+    which the OS takes back when it needs them), and the batches read from them."""
+
+    def __init__(self, cfg, meta):
+        self.splits = {s: np.memmap(os.path.join(cfg.data_dir, cfg.dataset, f"{s}.bin"), dtype=np.dtype(meta["dtype"]),
+                                    mode="r") for s in ("train", "val")}
+
+    def batch(self, split, offsets, T, device):
+        """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens that start at offsets, as inputs and
+        next-token targets. On CUDA the batch is pinned first, so that its copy to the GPU does not block."""
+        data = self.splits[split]
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in offsets.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in offsets.tolist()])
+        if device.type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.to(device), y.to(device)
+
+    def train_batches(self, cfg, proc, T, step):
+        """This process's training batches from optimiser step `step` on, one per micro-step, in order."""
+        while True:
+            offsets = train_offsets(len(self.splits["train"]), T, cfg.seed, step, proc.world * proc.accum * cfg.batch_size)
+            for micro in range(proc.accum):
+                first = (proc.rank * proc.accum + micro) * cfg.batch_size
+                yield self.batch("train", offsets[first:first + cfg.batch_size], T, proc.device)
+            step += 1
 
 
 def train_offsets(n_tokens, T, seed, step, n_windows):
@@ -157,6 +210,126 @@ def train_offsets(n_tokens, T, seed, step, n_windows):
     step), so that ranks never share a window and a resumed run draws what the uninterrupted run would have."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return torch.randint(n_tokens - T - 1, (n_windows,), generator=g)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run folder: a lock, an append-only log, atomic checkpoints
+
+def lock_out_dir(out_dir):
+    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(os.path.join(out_dir, ".lock"), "a")
+    except OSError as e:
+        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
+    try:
+        import fcntl
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass  # no fcntl (Windows): no lock
+    except OSError:
+        handle.close()
+        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
+    return handle
+
+
+def settle_log(out_dir, resume_step):
+    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
+    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
+    log_path = os.path.join(out_dir, "log.jsonl")
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
+    if not os.path.exists(log_path):
+        return
+    keep, move = [], []
+    with open(log_path, "rb") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["iter"]
+            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+                step = None
+            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
+            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
+    if move:
+        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
+            f.writelines(move)
+    with open(log_path + ".tmp", "wb") as f:
+        f.writelines(keep)
+    os.replace(log_path + ".tmp", log_path)
+
+
+class Log:
+    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the training time since the last
+    record. The clock runs from start_clock() to stop_clock() or the next train_record(), each of which waits for
+    the device: the time includes the GPU's queued work, and the device is synchronised only there."""
+
+    def __init__(self, cfg, model_args, raw_model, proc, start):
+        from tqdm import tqdm
+        T = model_args["block_size"]
+        self.master, self.path, self.device = proc.rank == 0, os.path.join(cfg.out_dir, "log.jsonl"), proc.device
+        self.tokens_per_step = proc.world * proc.accum * cfg.batch_size * T
+        self.run = {"world": proc.world, "gradient_accumulation_steps": proc.world * proc.accum,
+                    "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
+        self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
+        self.seconds, self.tokens, self.t0, self.wandb = 0.0, 0, None, None
+        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not self.master, dynamic_ncols=True)
+        if self.master:
+            self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
+                           f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
+                           f"{proc.device} {proc.dtype}")
+        if self.master and cfg.wandb_log:
+            import wandb
+            self.wandb = wandb
+            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
+                       config={**dataclasses.asdict(cfg), **model_args})
+
+    def start_clock(self):
+        if self.t0 is None:
+            synchronize(self.device)
+            self.t0 = time.perf_counter()
+
+    def stop_clock(self):
+        if self.t0 is not None:
+            synchronize(self.device)
+            self.seconds, self.t0 = self.seconds + time.perf_counter() - self.t0, None
+
+    def step_done(self):
+        self.tokens += self.tokens_per_step
+        self.bar.update(1)
+
+    def train_record(self, step, loss, lr):
+        self.stop_clock()
+        tok_s = self.tokens / self.seconds
+        self.seconds, self.tokens = 0.0, 0
+        self.start_clock()
+        return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
+                **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
+
+    def write(self, record, show=False):
+        if not self.master:
+            return
+        with open(self.path, "a") as f:
+            f.write(to_json(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(record, step=record["iter"])
+        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+        self.bar.write(text) if show else self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
+
+    def close(self):
+        self.bar.close()  # before any error line, so that it does not share the bar's line
+
+
+def save_checkpoint(path, ckpt):
+    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
+    tmp = path + ".tmp"
+    try:
+        torch.save(ckpt, tmp)
+    except (OSError, RuntimeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
+                          "or choose another --out_dir; the previous checkpoint is kept")
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -175,17 +348,21 @@ def lr_factor(it, cfg):
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
 
 
+def val_offsets(data, cfg, T, proc):
+    """This rank's share of the fixed validation windows (eval_iters * batch_size of them, the same every call)."""
+    n_val = len(data.splits["val"])
+    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=torch.Generator().manual_seed(0))
+    return offsets[proc.rank::proc.world]
+
+
 @torch.no_grad()
-def evaluate(model, cfg, meta, T, proc):
-    """Mean loss on a fixed set of eval_iters * batch_size validation windows (the same every call), shared out
-    across ranks."""
-    B, n_val = cfg.batch_size, len(open_split(cfg.data_dir, cfg.dataset, "val", meta))
-    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * B,), generator=torch.Generator().manual_seed(0))
-    mine = offsets[proc.rank::proc.world]
+def evaluate(model, data, cfg, T, proc):
+    """Mean loss on the validation windows, shared out across ranks."""
+    B, mine = cfg.batch_size, val_offsets(data, cfg, T, proc)
     model.eval()
     total = torch.zeros(2, device=proc.device)  # loss summed over windows, number of windows
     for i in range(0, len(mine), B):
-        x, y = get_batch(cfg, meta, "val", mine[i:i + B], T, proc.device)
+        x, y = data.batch("val", mine[i:i + B], T, proc.device)
         with proc.ctx:
             _, loss = model(x, y)
         total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=proc.device)])
@@ -196,14 +373,12 @@ def evaluate(model, cfg, meta, T, proc):
 
 
 @torch.no_grad()
-def model_stats(raw_model, cfg, meta, T, proc):
+def model_stats(raw_model, data, cfg, T, proc):
     """What the model file reports of itself (stats(): a map's entropy, gate sparsity), computed on this rank's
     first validation batch in eval mode; collective under DDP. {} for a model file without stats()."""
     if not hasattr(raw_model, "stats"):
         return {}
-    n_val = len(open_split(cfg.data_dir, cfg.dataset, "val", meta))
-    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=torch.Generator().manual_seed(0))
-    x, _ = get_batch(cfg, meta, "val", offsets[proc.rank::proc.world][:cfg.batch_size], T, proc.device)
+    x, _ = data.batch("val", val_offsets(data, cfg, T, proc)[:cfg.batch_size], T, proc.device)
     raw_model.eval()
     with proc.ctx:
         stats = raw_model.stats(x)
@@ -227,7 +402,7 @@ def restore(model, optimizer, ckpt, cfg, rank, device):
     """A resumed run's weights, optimiser state and this rank's random state (a run saved with another number of
     processes cannot be continued exactly, and takes the states it has in turn)."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
-    load_state(model, ckpt["model"], cfg.model, path)
+    load_weights(model, ckpt["model"], cfg.model, path)
     base_lrs = [g["base_lr"] for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -327,12 +502,12 @@ def make_optimizer(raw_model, cfg, device):
                              fused=device.type == "cuda")
 
 
-def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc):
+def check_first_batch(raw_model, cfg, model_args, explicit, data, iter_num, proc):
     """One forward pass before anything is written, in eval mode (no dropout draws): a batch that does not fit, or a
     model whose loss is not finite from the start, fails here."""
     T = model_args["block_size"]
-    n_train = len(open_split(cfg.data_dir, cfg.dataset, "train", meta))
-    x, y = get_batch(cfg, meta, "train", train_offsets(n_train, T, cfg.seed, iter_num, cfg.batch_size), T, proc.device)
+    x, y = data.batch("train", train_offsets(len(data.splits["train"]), T, cfg.seed, iter_num, cfg.batch_size), T,
+                      proc.device)
     raw_model.eval()
     try:
         with torch.no_grad(), proc.ctx:
@@ -346,22 +521,20 @@ def check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc
     raw_model.train()
 
 
-def optimizer_step(model, raw_model, optimizer, cfg, meta, iter_num, proc):
-    """Step iter_num: accum micro-steps per process on this step's windows, gradients all-reduced on the last one;
-    returns the step's mean loss (a tensor: reading it would synchronise the GPU)."""
+def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
+    """Step iter_num: accum micro-steps per process, starting from `batch`, gradients all-reduced on the last one;
+    the next batch is read while the device runs the forward (nanoGPT's order). Returns the step's mean loss (a
+    tensor: reading it would synchronise the GPU) and the next step's first batch."""
     for g in optimizer.param_groups:
         g["lr"] = g["base_lr"] * lr_factor(iter_num, cfg)
-    B, T, accum = cfg.batch_size, raw_model.config.block_size, proc.accum
-    n_train = len(open_split(cfg.data_dir, cfg.dataset, "train", meta))
-    offsets = train_offsets(n_train, T, cfg.seed, iter_num, proc.world * accum * B)
     step_loss = torch.zeros((), device=proc.device)
-    for micro in range(accum):
-        first = (proc.rank * accum + micro) * B
-        x, y = get_batch(cfg, meta, "train", offsets[first:first + B], T, proc.device)
-        sync = proc.world == 1 or micro == accum - 1
+    for micro in range(proc.accum):
+        x, y = batch
+        sync = proc.world == 1 or micro == proc.accum - 1
         with (nullcontext() if sync else model.no_sync()), proc.ctx:
             _, loss = model(x, y)
-            loss = loss / accum
+            loss = loss / proc.accum
+        batch = next(batches)  # on a GPU, while it computes the forward
         loss.backward()
         step_loss += loss.detach()
     if proc.world > 1:
@@ -372,7 +545,18 @@ def optimizer_step(model, raw_model, optimizer, cfg, meta, iter_num, proc):
     optimizer.zero_grad(set_to_none=True)
     if hasattr(raw_model, "after_step"):
         raw_model.after_step()  # collective under DDP (skipmiddle's controller all-reduces its statistics)
-    return step_loss
+    return step_loss, batch
+
+
+def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc):
+    """The checkpoint of step iter_num (rank 0 writes it; the random states of every rank go in it)."""
+    rng = rng_states(proc.device, proc.world)  # collective under DDP
+    if proc.rank == 0:
+        save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
+            "model_name": cfg.model, "model_args": model_args, "train_config": dataclasses.asdict(cfg),
+            "run": log.run, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+            "iter_num": iter_num, "tokens_seen": iter_num * log.tokens_per_step, "best_val_loss": best_val,
+            "meta": meta, "rng": rng})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -381,38 +565,41 @@ def main(argv):
     # ---- every check, before anything in out_dir is created or written
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
-    device, rank, world = proc.device, proc.rank, proc.world
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
     ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
     keep_global_batch(proc, cfg, ckpt)
-    check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
-    if world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    torch.manual_seed(cfg.seed + rank)
-    raw_model = make_model(module, model_args, cfg, ckpt, device)
-    optimizer = make_optimizer(raw_model, cfg, device)
+    T = model_args["block_size"]
+    check_splits(cfg.data_dir, cfg.dataset, meta, T, model_args["vocab_size"])
+    data = Data(cfg, meta)
+    if proc.world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
+        if proc.device.type == "cuda":
+            torch.cuda.set_device(proc.device)
+        torch.distributed.init_process_group("nccl" if proc.device.type == "cuda" else "gloo")
+    torch.manual_seed(cfg.seed + proc.rank)
+    raw_model = make_model(module, model_args, cfg, ckpt, proc.device)
+    optimizer = make_optimizer(raw_model, cfg, proc.device)
     iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:
-        restore(raw_model, optimizer, ckpt, cfg, rank, device)
+        restore(raw_model, optimizer, ckpt, cfg, proc.rank, proc.device)
         iter_num = saved_step = ckpt["iter_num"]
         best_val = ckpt["best_val_loss"]
-    check_first_batch(raw_model, cfg, model_args, explicit, meta, iter_num, proc)
+    check_first_batch(raw_model, cfg, model_args, explicit, data, iter_num, proc)
 
     # ---- the run: from here on it may write to out_dir
-    lock = lock_out_dir(cfg.out_dir) if rank == 0 else None
-    if rank == 0:
+    lock = lock_out_dir(cfg.out_dir) if proc.rank == 0 else None
+    if proc.rank == 0:
         settle_log(cfg.out_dir, saved_step)
-    compile = cfg.compile if cfg.compile is not None else device.type == "cuda"
-    model = torch.compile(raw_model) if compile else raw_model
+    model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
+        else raw_model
     eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                          else None)
+    if proc.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[proc.device.index]
+                                                          if proc.device.type == "cuda" else None)
     log = Log(cfg, model_args, raw_model, proc, iter_num)
+    batches = data.train_batches(cfg, proc, T, iter_num)
+    batch = next(batches)
     stop, handlers = catch_stop_signals()
     try:
         while True:
@@ -421,27 +608,21 @@ def main(argv):
             # ---- evaluate and checkpoint once in a while (a resumed run has both for its first step already)
             if (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != saved_step:
                 log.stop_clock()  # evaluation is not training time
-                val_loss = evaluate(eval_model, cfg, meta, model_args["block_size"], proc)
+                val_loss = evaluate(eval_model, data, cfg, T, proc)
                 if not math.isfinite(val_loss):
                     raise RunError(divergence_message("validation loss", val_loss, iter_num, cfg, model_args,
                                                       explicit, saved_step))
                 best_val = min(best_val, val_loss)
-                stats = model_stats(raw_model, cfg, meta, model_args["block_size"], proc)  # collective under DDP
+                stats = model_stats(raw_model, data, cfg, T, proc)  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
-                rng = rng_states(device, world)  # collective under DDP
-                if rank == 0:
-                    save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
-                        "model_name": cfg.model, "model_args": model_args, "train_config": dataclasses.asdict(cfg),
-                        "run": log.run, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "iter_num": iter_num, "tokens_seen": iter_num * log.tokens_per_step,
-                        "best_val_loss": best_val, "meta": meta, "rng": rng})
+                save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc)
                 saved_step = iter_num
             if iter_num >= cfg.max_iters:
                 break
 
             # ---- one optimiser step
             log.start_clock()
-            step_loss = optimizer_step(model, raw_model, optimizer, cfg, meta, iter_num, proc)
+            step_loss, batch = optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch)
             iter_num += 1
             log.step_done()
 
@@ -452,23 +633,28 @@ def main(argv):
                     raise RunError(divergence_message("training loss", loss, iter_num, cfg, model_args, explicit,
                                                       saved_step))
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
-    except KeyboardInterrupt:
-        kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
-        raise Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
-    except RuntimeError as e:  # a collective whose peer is gone (gloo: connection closed; NCCL: aborted)
-        if world == 1 or not lost_peer(e):
-            raise
-        kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
-        raise PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; continue "
-                       "with --resume once every process can run")
+    except (KeyboardInterrupt, RuntimeError) as e:
+        raise stopped(e, iter_num, saved_step, cfg, proc)
     finally:
         log.close()
         for s, handler in handlers.items():
             signal.signal(s, handler)
         if lock is not None:
             lock.close()
-    if world > 1:
+    if proc.world > 1:
         torch.distributed.destroy_process_group()
+
+
+def stopped(error, iter_num, saved_step, cfg, proc):
+    """The one-line error of a run stopped by Ctrl-C or SIGTERM, or by another process of the run that is gone
+    (gloo: connection closed; NCCL: aborted); any other error as it is."""
+    kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
+    if isinstance(error, KeyboardInterrupt):
+        return Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
+    if proc.world == 1 or not lost_peer(error):
+        return error
+    return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; continue "
+                    "with --resume once every process can run")
 
 
 if __name__ == "__main__":

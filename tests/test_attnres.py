@@ -3,11 +3,10 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import model_attnres as attnres
 import model_vanilla as vanilla
-from common import checked
+from common import make_config
 from conftest import ROOT
 from generate import generate
 
@@ -167,7 +166,7 @@ def test_block_split_and_validation():
                 assert max(s) - min(s) <= 1
     for bad in (dict(n_blocks=0), dict(n_blocks=9), dict(attn_res="dense")):
         with pytest.raises(ValueError):  # the declared constraints (n_blocks=0, dense) or the rule across fields
-            attnres.GPT(checked(attnres.GPTConfig, **{**TINY, **bad}))
+            attnres.GPT(make_config(attnres.GPTConfig, **{**TINY, **bad}))
     for name, kw in attnres.VARIANTS.items():  # every variant is valid at the contract suite's tiny shape
         attnres.GPT(attnres.GPTConfig(**{**TINY, **kw}))
 

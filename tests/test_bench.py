@@ -8,7 +8,7 @@ import torch
 import bench
 import model_skipmiddle as sm
 import train
-from common import ConfigError, load_checkpoint
+from common import ConfigError, model_from_checkpoint
 from conftest import ROOT
 
 
@@ -72,7 +72,7 @@ def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
     (row,) = bench.main([f"--checkpoint={out}", f"--data_dir={data_dir}", "--sample_tokens=4", "--device=cpu",
                          "--close_gates=1"])
     assert row["steps"] == 2 and row["skip_time_ratio"] > 0
-    model, _, _ = load_checkpoint(str(out))
+    model, _, _ = model_from_checkpoint(str(out))
     sparse, dense = model.estimated_flops(torch.tensor([0.0, 1.0, 1.0, 0.0]))
     assert row["est_flops_ratio"] == pytest.approx(sparse / dense)
     train.main(["--model=vanilla", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'v'}", "--max_iters=0",

@@ -27,11 +27,10 @@ def build(name, overrides, seed=0, **extra):
 
 
 def text_windows(data_dir, n, T, seed, split="train"):
-    """n windows of real text through train.py's own data path (get_batch)."""
-    data = np.memmap(os.path.join(data_dir, "shakespeare", f"{split}.bin"), dtype=np.uint16, mode="r")
-    offsets = torch.randint(len(data) - T - 1, (n,), generator=torch.Generator().manual_seed(seed))
-    where = types.SimpleNamespace(data_dir=data_dir, dataset="shakespeare")
-    return train.get_batch(where, {"dtype": "uint16"}, split, offsets, T, torch.device("cpu"))
+    """n windows of real text through train.py's own data path (Data.batch)."""
+    data = train.Data(types.SimpleNamespace(data_dir=data_dir, dataset="shakespeare"), {"dtype": "uint16"})
+    offsets = torch.randint(len(data.splits[split]) - T - 1, (n,), generator=torch.Generator().manual_seed(seed))
+    return data.batch(split, offsets, T, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
@@ -103,7 +102,7 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
             p.add_(0.01 * torch.randn_like(p))
     path = str(tmp_path / "ckpt.pt")
     train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": model.state_dict()})
-    loaded, _, _ = common.load_checkpoint(path)
+    loaded, _, _ = common.model_from_checkpoint(path)
     idx = torch.randint(0, TINY["vocab_size"], (2, 24))
     assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
     assert all("module." not in k and "_orig_mod" not in k for k in torch.load(path)["model"])

@@ -79,7 +79,7 @@ def imported(hf_models, data_dir, tmp_path_factory):
 
 
 def load_run(run):
-    model, _, ckpt = common.load_checkpoint(run)
+    model, _, ckpt = common.model_from_checkpoint(run)
     return model.eval(), ckpt
 
 

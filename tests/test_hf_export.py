@@ -42,7 +42,7 @@ def make_run(name, overrides, data_dir, out):
     for key, t in ckpt["model"].items():
         if t.is_floating_point():
             t.add_(torch.randn(t.shape, generator=g) * 0.05)
-    common.save_checkpoint(str(out / "ckpt.pt"), ckpt)
+    train.save_checkpoint(str(out / "ckpt.pt"), ckpt)
     return out
 
 
@@ -56,7 +56,7 @@ def test_export_loads_in_transformers_computes_the_same_and_comes_back(name, var
     run = make_run(name, overrides, data_dir, tmp_path / "run")
     folder = tmp_path / "hf"
     export.main(["--out_dir", str(run), "--to", str(folder)])
-    ours, _, _ = common.load_checkpoint(str(run))
+    ours, _, _ = common.model_from_checkpoint(str(run))
     ours.eval()
     if name == "vanilla":
         assert json.load(open(folder / "config.json"))["model_type"] in ("llama", "qwen3")

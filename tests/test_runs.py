@@ -107,7 +107,7 @@ def test_a_new_run_moves_an_old_log_aside(data, tmp_path):
 def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)
-    holder = common.lock_out_dir(str(run))  # as a run in progress holds it
+    holder = train.lock_out_dir(str(run))  # as a run in progress holds it
     try:
         before = checksums(run)
         code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume",

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model_skiplayer as sla  # noqa: E402
 import model_vanilla as vanilla  # noqa: E402
-from common import checked  # noqa: E402
+from common import make_config  # noqa: E402
 from generate import generate  # noqa: E402
 
 SHAPE = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
@@ -87,7 +87,7 @@ def test_defaults_are_the_papers_recommendation():
     assert setting(n_layer=12, n_head=12, n_kv_head=4, n_embd=768, skip_layers=9, skip_heads=6) == (9, 6)  # explicit kept
     for bad in (dict(skip_heads=5), dict(skip_layers=-2), dict(skip_heads=-3), dict(ala_every=-1)):
         with pytest.raises(ValueError):
-            checked(sla.GPTConfig, **{**SHAPE, **bad})
+            make_config(sla.GPTConfig, **{**SHAPE, **bad})
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(ala_every=2), dict(n_kv_head=4)])

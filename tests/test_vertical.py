@@ -8,7 +8,7 @@ import torch
 
 import model_vanilla
 import model_vertical
-from common import checked
+from common import make_config
 from generate import generate
 
 SMALL = dict(vocab_size=257, block_size=64, n_layer=6, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
@@ -72,9 +72,9 @@ def test_param_groups_give_the_scores_their_own_lr_and_weight_decay():
 
 def test_bad_map_or_init_is_a_clear_error():
     with pytest.raises(ValueError, match="va_map"):
-        checked(model_vertical.GPTConfig, **SMALL, va_map="dense")
+        make_config(model_vertical.GPTConfig, **SMALL, va_map="dense")
     with pytest.raises(ValueError, match="va_init"):
-        checked(model_vertical.GPTConfig, **SMALL, va_init="identity")
+        make_config(model_vertical.GPTConfig, **SMALL, va_init="identity")
 
 
 # ---- the mixing function (eqs. 2-4) ---------------------------------------------------------------------
