@@ -44,7 +44,7 @@ def run_dir(data_dir, tmp_path_factory):
 def adapter(run_dir, monkeypatch):
     for k, v in OFFLINE.items():
         monkeypatch.setenv(k, v)
-    model, _, ckpt = evalpy.load_checkpoint(run_dir)
+    model, _, ckpt = evalpy.model_from_checkpoint(run_dir)
     model.eval()
     encode, _, _, eot = evalpy.get_tokenizer(ckpt["meta"]["tokenizer"])
     T, threads = ckpt["model_args"]["block_size"], torch.get_num_threads()
@@ -79,7 +79,7 @@ def test_simple_evaluate_agrees_with_eval_py(run_dir, monkeypatch, capsys):
         assert harness["acc_norm,none"] == pytest.approx(mc["acc_norm"], abs=1e-12)
         assert 0 < mc["acc_norm"] < 1 and mc["acc_norm"] != mc["acc"]
 
-        model, _, ckpt = evalpy.load_checkpoint(run_dir)
+        model, _, ckpt = evalpy.model_from_checkpoint(run_dir)
         encode, _, _, eot = evalpy.get_tokenizer(ckpt["meta"]["tokenizer"])
         T, nll, n = ckpt["model_args"]["block_size"], 0.0, 0
         with open(os.path.join(TASKS, "shakespeare_text.jsonl"), encoding="utf-8") as f:
@@ -130,7 +130,7 @@ def test_loglikelihood_is_a_forward_pass(adapter):
 
 
 def test_a_task_file_that_is_not_there(run_dir):
-    model, _, ckpt = evalpy.load_checkpoint(run_dir)
+    model, _, ckpt = evalpy.model_from_checkpoint(run_dir)
     args = argparse.Namespace(lm_eval=os.path.join(TASKS, "nothing.yaml"), batch_size=4, k_shot=0, mc_limit=0)
     with pytest.raises(evalpy.ConfigError, match="no task file"):
         evalpy.run_lm_eval(model, None, 256, 32, args, "cpu", nullcontext())
@@ -144,7 +144,7 @@ def test_a_task_file_that_is_not_there(run_dir):
 def test_a_bad_task_file_is_one_line(text, fragment, run_dir, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    model, _, _ = evalpy.load_checkpoint(run_dir)
+    model, _, _ = evalpy.model_from_checkpoint(run_dir)
     args = argparse.Namespace(lm_eval=str(path), batch_size=4, k_shot=0, mc_limit=0)
     with pytest.raises(evalpy.ConfigError, match=fragment) as e:
         evalpy.run_lm_eval(model, None, 256, 32, args, "cpu", nullcontext())
