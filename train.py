@@ -14,7 +14,9 @@ assignments, config/*.py), applied in order before the command line. As in nanoG
 A run is a transaction: every check (options, data, checkpoint, model, optimiser, one forward pass) passes
 before anything in out_dir is created or written, and a second run in the same out_dir is refused. log.jsonl
 is append-only: a resumed run keeps every record up to its checkpoint's step and moves the records after it
-to log.superseded.jsonl.
+to log.superseded.jsonl. This file tells the steps (the data, the run folder, the log, one optimiser step, the
+loop); train_setup.py holds what comes before the first step (the checks, the process, the saved state) and the
+messages of a run that stops.
 """
 import dataclasses
 import importlib.util
@@ -22,7 +24,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -30,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import hf
-from common import (DTYPES, SIZES, ConfigError, Interrupted, PeerLost, RunError, autocast, build_model, load_weights,
-                    main_boundary, model_names, open_split, option, parse_model_options, peak_flops, read_checkpoint,
-                    read_meta, resolve_device, resolve_dtype, split_tokens, synchronize, to_json)
+from common import (DTYPES, SIZES, ConfigError, RunError, main_boundary, model_names, option, parse_model_options,
+                    peak_flops, read_meta, synchronize, to_json)
+from train_setup import (catch_stop_signals, check_first_batch, check_splits, divergence_message, keep_global_batch,
+                         make_model, make_optimizer, read_run, restore, stopped, this_process)
 
 
 @dataclass
@@ -94,87 +95,8 @@ def parse_args(argv):
     return parse_model_options(TrainConfig, argv, __doc__)
 
 
-def read_run(cfg, model_args, module, explicit, meta):
-    """The checkpoint to continue (None for a new run) and the model options, after checking out_dir."""
-    path, log = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
-    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise ConfigError(f"--out_dir {cfg.out_dir} is a file, not a folder; choose another --out_dir")
-    if os.path.exists(log) and not os.path.isfile(log):
-        raise ConfigError(f"{log} is not a file; move it away")
-    if not cfg.resume:
-        if os.path.exists(path):
-            raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
-                              "or choose another --out_dir")
-        if cfg.init_from:  # the architecture from the folder's config.json; the folder is checked here
-            try:
-                model_args = hf.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
-            except hf.HFError as e:
-                raise ConfigError(str(e))
-        elif "vocab_size" not in explicit:
-            model_args = {**model_args, "vocab_size": meta["vocab_size"]}
-        if model_args["vocab_size"] < meta["vocab_size"]:
-            raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
-                              f"{meta['vocab_size']}; drop the option")
-        return None, model_args
-    if not os.path.exists(path):
-        raise ConfigError(f"--resume found no checkpoint at {path}; drop --resume to start a new run")
-    ckpt = read_checkpoint(path, ("model_name", "model_args", "model", "optimizer", "iter_num", "best_val_loss",
-                                  "rng", "meta"))
-    check_resume(cfg, model_args, explicit, ckpt, meta, path)
-    return ckpt, ckpt["model_args"]  # the architecture is the checkpoint's
-
-
-def check_resume(cfg, model_args, explicit, ckpt, meta, path):
-    """--resume continues the saved model on data of the same tokenizer. A model option that differs from the
-    checkpoint's would be ignored, so it is refused: changing the model needs a new run."""
-    if ckpt["model_name"] != cfg.model:
-        raise ConfigError(f"{path} was trained with --model {ckpt['model_name']}, not {cfg.model}; "
-                          f"pass --model {ckpt['model_name']} or choose another --out_dir")
-    saved = ckpt["model_args"]
-    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
-              if k in explicit and v != saved.get(k)]
-    if differ:
-        raise ConfigError(f"--resume continues the model saved in {path}, and these options would change it: "
-                          f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
-    trained = ckpt["meta"]
-    if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
-        raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
-                          f"{trained['vocab_size']}) but {os.path.join(cfg.data_dir, cfg.dataset)} uses "
-                          f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
-                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
-                          f"--tokenizer {trained['tokenizer']}")
-
-
-def check_splits(data_dir, dataset, meta, block_size, vocab_size):
-    """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
-    for split in ("train", "val"):
-        n = split_tokens(data_dir, dataset, split, meta)
-        if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
-            raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
-                              f"{block_size}; lower --block_size to {max(1, n - 2)} or less, or prepare more data")
-        data = open_split(data_dir, dataset, split, meta)
-        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
-        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
-        if top >= vocab_size:
-            raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
-                              f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
-                              "again to remake the data set")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # the data, and this process's place in the run
-
-@dataclass
-class Process:
-    """This process: one, or one of torchrun's world; accum is its own share of the micro-steps."""
-    world: int
-    rank: int
-    accum: int
-    device: torch.device
-    dtype: str
-
-    def __post_init__(self):
-        self.ctx = autocast(self.device, self.dtype)  # made once: a step enters it again and again
 
 
 class Data:
@@ -386,141 +308,6 @@ def model_stats(raw_model, data, cfg, T, proc):
     return stats
 
 
-def rng_states(device, world):
-    """Every rank's random number generator states, gathered on every rank (a collective under DDP): dropout
-    masks differ by rank, and a resumed run gives each rank its own state back."""
-    state = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda"
-                                                else {})}
-    states = [state]
-    if world > 1:
-        states = [None] * world
-        torch.distributed.all_gather_object(states, state)
-    return {k: [s[k] for s in states] for k in state}
-
-
-def restore(model, optimizer, ckpt, cfg, rank, device):
-    """A resumed run's weights, optimiser state and this rank's random state (a run saved with another number of
-    processes cannot be continued exactly, and takes the states it has in turn)."""
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
-    load_weights(model, ckpt["model"], cfg.model, path)
-    base_lrs = [g["base_lr"] for g in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"the optimiser state in {path} does not fit model_{cfg.model}.py ({e}); "
-                          "it was saved by another version of that file")
-    for g, base in zip(optimizer.param_groups, base_lrs):
-        g["base_lr"] = base  # a resumed run follows this run's learning-rate options
-    rng = ckpt["rng"]
-    torch.set_rng_state(rng["torch"][rank % len(rng["torch"])])
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"][rank % len(rng["cuda"])], device)
-
-
-def divergence_message(what, value, step, cfg, model_args, explicit, saved_step):
-    """The one line of a non-finite loss: what to check (the options this run set), and what is kept."""
-    values = {**dataclasses.asdict(cfg), **model_args}
-    changed = [f"--{k} {values[k]}" for k in sorted(explicit) if k in values and k not in
-               ("out_dir", "data_dir", "dataset", "max_iters", "resume", "device", "eval_interval", "log_interval")]
-    kept = (f"the checkpoint of step {saved_step} in {cfg.out_dir} is kept" if saved_step is not None
-            else "no checkpoint was written")
-    return (f"the {what} is {value} at step {step}: training diverged; check the options of this run "
-            f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of range) "
-            f"or use --dtype float32; {kept}")
-
-
-def catch_stop_signals():
-    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
-    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
-    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
-    stop = []
-
-    def handler(signum, frame):
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(signum)
-    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def lost_peer(error):
-    """Whether a collective failed because another process of the run is gone."""
-    return isinstance(error, torch.distributed.DistError) or any(
-        s in str(error) for s in ("Connection closed by peer", "Connection reset by peer", "remote worker",
-                                  "NCCL communicator was aborted", "Broken pipe"))
-
-
-def this_process(cfg):
-    """The Process this is: one, or one of torchrun's."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    accum = cfg.gradient_accumulation_steps or world  # not given: one micro-step per process
-    if accum % world:
-        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; make "
-                          "it one, or leave it out (one micro-step per process)")
-    device = resolve_device(cfg.device)
-    if device.type == "cuda" and world > 1:  # one GPU per process
-        device = resolve_device(f"cuda:{local_rank}")
-    return Process(world, rank, accum // world, device, resolve_dtype(cfg.dtype, device))
-
-
-def keep_global_batch(proc, cfg, ckpt):
-    """A resumed run takes the micro-steps per optimiser step it was saved with, whatever the number of processes
-    now, so that it reads the windows the uninterrupted run would have (unless --gradient_accumulation_steps says
-    otherwise)."""
-    saved = (ckpt.get("run") or {}).get("gradient_accumulation_steps") if ckpt else None
-    if cfg.gradient_accumulation_steps or not isinstance(saved, int) or saved == proc.world * proc.accum:
-        return
-    if saved % proc.world:
-        raise ConfigError(f"the run was saved with {saved} micro-steps per optimiser step, which {proc.world} "
-                          f"processes cannot share; resume it on a number of processes that divides {saved}, or pass "
-                          "--gradient_accumulation_steps (a new global batch)")
-    proc.accum = saved // proc.world
-    if proc.rank == 0:
-        print(f"note: resumed on {proc.world} process(es), the run keeps its global batch: {saved} micro-steps per "
-              f"optimiser step, {proc.accum} per process", file=sys.stderr)
-
-
-def make_model(module, model_args, cfg, ckpt, device):
-    """The model of model_args on device; a new run with --init_from takes the pretrained weights of the
-    components every model file shares with vanilla (hf.py), the method's own parameters keep their init."""
-    model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
-    if cfg.init_from and ckpt is None:
-        try:
-            hf.load_weights(model, cfg.init_from)
-        except hf.HFError as e:
-            raise ConfigError(str(e))
-    return model
-
-
-def make_optimizer(raw_model, cfg, device):
-    """AdamW over the model's own parameter groups (a group may bring its own lr: vertical's scores)."""
-    groups = raw_model.param_groups(cfg.weight_decay)
-    for g in groups:
-        g.setdefault("lr", cfg.learning_rate)
-        g["base_lr"] = g["lr"]  # the schedule scales every group's own lr by the same factor
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                             fused=device.type == "cuda")
-
-
-def check_first_batch(raw_model, cfg, model_args, explicit, data, iter_num, proc):
-    """One forward pass before anything is written, in eval mode (no dropout draws): a batch that does not fit, or a
-    model whose loss is not finite from the start, fails here."""
-    T = model_args["block_size"]
-    x, y = data.batch("train", train_offsets(len(data.splits["train"]), T, cfg.seed, iter_num, cfg.batch_size), T,
-                      proc.device)
-    raw_model.eval()
-    try:
-        with torch.no_grad(), proc.ctx:
-            _, loss = raw_model(x, y)
-    except torch.OutOfMemoryError:
-        raise RunError(f"a batch of {cfg.batch_size} x {T} tokens does not fit in {proc.device}'s memory; lower "
-                       "--batch_size")
-    if not math.isfinite(loss.item()):
-        raise RunError(divergence_message("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
-                                          None))
-    raw_model.train()
-
-
 def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
     """Step iter_num: accum micro-steps per process, starting from `batch`, gradients all-reduced on the last one;
     the next batch is read while the device runs the forward (nanoGPT's order). Returns the step's mean loss (a
@@ -548,6 +335,18 @@ def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, ba
     return step_loss, batch
 
 
+def rng_states(device, world):
+    """Every rank's random number generator states, gathered on every rank (a collective under DDP): dropout
+    masks differ by rank, and a resumed run gives each rank its own state back."""
+    state = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda"
+                                                else {})}
+    states = [state]
+    if world > 1:
+        states = [None] * world
+        torch.distributed.all_gather_object(states, state)
+    return {k: [s[k] for s in states] for k in state}
+
+
 def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc):
     """The checkpoint of step iter_num (rank 0 writes it; the random states of every rank go in it)."""
     rng = rng_states(proc.device, proc.world)  # collective under DDP
@@ -560,6 +359,17 @@ def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, p
 
 
 # ----------------------------------------------------------------------------------------------------------
+
+def wrap(raw_model, cfg, proc):
+    """(the model to train, the model to evaluate): compiled where asked (not given: on CUDA), and the first under
+    DDP; evaluation bypasses DDP, since ranks may hold different numbers of validation windows."""
+    model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
+        else raw_model
+    if proc.world == 1:
+        return model, model
+    ids = [proc.device.index] if proc.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), model
+
 
 def main(argv):
     # ---- every check, before anything in out_dir is created or written
@@ -585,21 +395,16 @@ def main(argv):
         restore(raw_model, optimizer, ckpt, cfg, proc.rank, proc.device)
         iter_num = saved_step = ckpt["iter_num"]
         best_val = ckpt["best_val_loss"]
-    check_first_batch(raw_model, cfg, model_args, explicit, data, iter_num, proc)
+    batches = data.train_batches(cfg, proc, T, iter_num)  # this process's batches, one per micro-step
+    batch = next(batches)
+    check_first_batch(raw_model, cfg, model_args, explicit, batch, iter_num, proc)
 
     # ---- the run: from here on it may write to out_dir
     lock = lock_out_dir(cfg.out_dir) if proc.rank == 0 else None
     if proc.rank == 0:
         settle_log(cfg.out_dir, saved_step)
-    model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
-        else raw_model
-    eval_model = model  # evaluation bypasses DDP: ranks may hold different numbers of validation windows
-    if proc.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[proc.device.index]
-                                                          if proc.device.type == "cuda" else None)
+    model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num)
-    batches = data.train_batches(cfg, proc, T, iter_num)
-    batch = next(batches)
     stop, handlers = catch_stop_signals()
     try:
         while True:
@@ -643,18 +448,6 @@ def main(argv):
             lock.close()
     if proc.world > 1:
         torch.distributed.destroy_process_group()
-
-
-def stopped(error, iter_num, saved_step, cfg, proc):
-    """The one-line error of a run stopped by Ctrl-C or SIGTERM, or by another process of the run that is gone
-    (gloo: connection closed; NCCL: aborted); any other error as it is."""
-    kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
-    if isinstance(error, KeyboardInterrupt):
-        return Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
-    if proc.world == 1 or not lost_peer(error):
-        return error
-    return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; continue "
-                    "with --resume once every process can run")
 
 
 if __name__ == "__main__":
