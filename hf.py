@@ -545,16 +545,17 @@ def tokenizer_files(meta, given=None):
         _, decode, vocab_size, folder_eot = get_tokenizer(folder)
         if given and (vocab_size, folder_eot) != (meta.get("vocab_size"), eot):
             raise HFError(f"--tokenizer {folder} has {vocab_size} tokens and end of text {folder_eot}, the run's "
-                          f"{name} tokenizer {meta.get('vocab_size')} and {eot}; pass a folder with the run's tokenizer")
+                          f"{name} tokenizer {meta.get('vocab_size')} and {eot}; pass a folder with the run's "
+                          "tokenizer")
         files = {}
         for f in TOKENIZER_FILES:
             if os.path.isfile(os.path.join(folder, f)):
                 with open(os.path.join(folder, f), "rb") as file:
                     files[f] = file.read()
         if "tokenizer_config.json" not in files:  # without it transformers knows no end-of-text token
-            files["tokenizer_config.json"] = common.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": decode([eot]), "pad_token": decode([eot])},
-                indent=2) + "\n"
+            files["tokenizer_config.json"] = common.dumps({
+                "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": decode([eot]), "pad_token": decode([eot]),
+                "split_special_tokens": True}, indent=2) + "\n"  # special tokens in a text are text, as in prepare.py
         return files
     return {"tokenizer.json": own_tokenizer_json(name), "tokenizer_config.json": common.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT_TEXT, "eos_token": EOT_TEXT,
