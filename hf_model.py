@@ -5,7 +5,8 @@ whose one import line below it points at that model file. transformers runs code
 
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-    model.generate(**tokenizer(["ROMEO:", "JULIET:\\nO"], return_tensors="pt", padding=True), max_new_tokens=50)
+    batch = tokenizer(["ROMEO:", "JULIET:\\nO"], return_tensors="pt", padding=True, padding_side="left")
+    model.generate(**batch, max_new_tokens=50, do_sample=False)
 
 forward() takes what transformers passes: input_ids, attention_mask, labels (then also the mean next-token loss),
 output_hidden_states (the token embeddings and every block's output, before the final norm), return_dict,
@@ -27,7 +28,8 @@ rows between steps): a row that continues a known sequence by one token is one d
 own cache, any other row is prefilled. generate.py's window rule applies per row: the last block_size tokens are
 prefilled, and when the window is full it restarts from its last block_size // 2 tokens; so greedy tokens are
 sample.py's. With use_cache=False each step recomputes the row's window. The model file's inference() hook, where
-it has one, is used as sample.py uses it by default (skipmiddle: tokens whose gate is 0 skip their blocks).
+it has one, is used as sample.py uses it by default (skipmiddle: tokens whose gate is 0 skip their blocks). Exact,
+not fast: every row is a call of its own at every step, so a batch generates no faster than its rows one by one.
 """
 import copy
 
