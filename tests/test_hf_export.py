@@ -193,8 +193,9 @@ TEXTS = ["ROMEO:\nBut, soft!", "  two  spaces\tand a tab\n\n", "caf\u00e9 \u65e5
 def test_the_byte_tokenizer_is_a_tokenizer_json_that_transformers_loads(data_dir, tmp_path, capfd):
     """A run on the byte tokenizer (the quick start's) exports its tokenizer: 256 byte tokens at their byte values and
     end of text 256, which AutoTokenizer loads as transformers' own tokenizer class, without a question or a
-    warning (a custom-code folder with trust_remote_code=True, which AutoTokenizer needs to read its config.json),
-    encoding and decoding as prepare.py does. Every file is written with the mode the umask gives."""
+    warning (a custom-code folder with trust_remote_code=True, which AutoTokenizer needs to read its config.json;
+    PreTrainedTokenizerFast without it), encoding and decoding as prepare.py does. Every file is written with the
+    mode the umask gives."""
     umask = os.umask(0o022)
     os.umask(umask)
     for name, trust in (("vanilla", {}), ("vertical", {"trust_remote_code": True})):
@@ -205,17 +206,19 @@ def test_the_byte_tokenizer_is_a_tokenizer_json_that_transformers_loads(data_dir
         vocab = json.load(open(folder / "tokenizer.json"))["model"]["vocab"]
         assert vocab == {hf.bytes_to_unicode()[b]: b for b in range(256)}
         capfd.readouterr()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **trust)
+        tokenizers = [transformers.AutoTokenizer.from_pretrained(str(folder), **trust),
+                      transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))]  # tokenizer files only
         assert capfd.readouterr().err == ""  # no question, no warning
-        assert type(tokenizer).__module__.startswith("transformers.")
-        assert tokenizer.eos_token == tokenizer.bos_token == tokenizer.pad_token == "<|endoftext|>"
-        assert tokenizer.eos_token_id == tokenizer.bos_token_id == tokenizer.pad_token_id == 256
-        for text in TEXTS:
-            assert tokenizer(text)["input_ids"] == encode_bytes(text), text  # "<|endoftext|>" in a text is text
-        g = torch.Generator().manual_seed(0)
-        for _ in range(200):  # any ids, broken UTF-8 and end of text among them
-            ids = torch.randint(0, 257, (int(torch.randint(0, 12, (1,), generator=g)),), generator=g).tolist()
-            assert tokenizer.decode(ids, skip_special_tokens=True) == decode_bytes(ids), ids
+        for tokenizer in tokenizers:
+            assert type(tokenizer).__module__.startswith("transformers.")
+            assert tokenizer.eos_token == tokenizer.bos_token == tokenizer.pad_token == "<|endoftext|>"
+            assert tokenizer.eos_token_id == tokenizer.bos_token_id == tokenizer.pad_token_id == 256
+            for text in TEXTS:
+                assert tokenizer(text)["input_ids"] == encode_bytes(text), text  # "<|endoftext|>" in a text is text
+            g = torch.Generator().manual_seed(0)
+            for _ in range(200):  # any ids, broken UTF-8 and end of text among them
+                ids = torch.randint(0, 257, (int(torch.randint(0, 12, (1,), generator=g)),), generator=g).tolist()
+                assert tokenizer.decode(ids, skip_special_tokens=True) == decode_bytes(ids), ids
 
 
 def test_a_gpt2_run_exports_gpt2s_tokenizer_from_tiktokens_files_or_is_refused(data_dir, tmp_path, monkeypatch,
