@@ -321,7 +321,8 @@ def test_hf_tokenizer_from_prepare_to_sample_and_export(tmp_path, capsys):
     exported = tmp_path / "exported"
     export.main(["--out_dir", str(run), "--to", str(exported)])
     # its tokenizer.json as it is, and a tokenizer_config.json that names the end-of-text token
-    assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                            "tokenizer_config.json"]
     assert (exported / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
     hf_tok = transformers.AutoTokenizer.from_pretrained(exported)
     assert hf_tok(TEXT, add_special_tokens=False).input_ids == encode(TEXT)
