@@ -6,8 +6,10 @@ model has QK-norm, else LlamaForCausalLM), which transformers loads as it loads 
 file becomes a transformers custom-code folder: config.json with model_type, architectures and auto_map,
 model.safetensors with every tensor of the checkpoint, the model file as this repository ships it and
 hf_model.py, the short wrapper that runs it in transformers; it loads with
-AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). Both get the tokenizer files when the run's
-data came from `prepare.py --tokenizer hf:DIR`, and both come back with `train.py --init_from DIR`.
+AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True). Both carry the run's tokenizer, which
+AutoTokenizer loads: an hf:DIR tokenizer's files, the byte tokenizer as a tokenizer.json (ids 0-255 the bytes,
+256 end of text), GPT-2's made from tiktoken's files (or --tokenizer DIR where they are not at hand); and both
+come back with `train.py --init_from DIR`.
 """
 import os
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ class ExportConfig:
     out_dir: str = option("out", "run folder holding ckpt.pt (or a path to a .pt file)", path=True)
     to: str = option("", "the folder to write; it must not exist, or be empty", path=True)
     dtype: str = option("float32", "of the saved weights", choices=("float32", "bfloat16"))
+    tokenizer: str = option("", "a folder whose tokenizer files the folder gets instead of those made from the run's "
+                            "tokenizer (for a gpt2 run where tiktoken's files are not at hand)", path=True)
 
     def __post_init__(self):
         if not self.to:
@@ -43,10 +47,11 @@ def main(argv):
     dtype = getattr(torch, args.dtype)
     try:
         if ckpt["model_name"] == "vanilla":  # transformers' own Llama or Qwen3
-            config = hf.export(model.state_dict(), model_args, args.to, ckpt["meta"], source, dtype=dtype)
+            config = hf.export(model.state_dict(), model_args, args.to, ckpt["meta"], source, dtype=dtype,
+                               tokenizer=args.tokenizer or None)
         else:
             config = hf.export_custom(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"],
-                                      dtype=dtype)
+                                      dtype=dtype, tokenizer=args.tokenizer or None)
     except hf.HFError as e:
         raise ConfigError(str(e))
     print(f"wrote {args.to}: {config['architectures'][0]}, {sum(p.numel() for p in model.parameters()):,} "

@@ -8,7 +8,7 @@ written back as a Llama or Qwen3 folder, and a run of any other model file as a 
 
 A folder is what transformers' save_pretrained writes: config.json, model.safetensors (or shards listed in
 model.safetensors.index.json) and, where the model has one, tokenizer.json with its companions. Nothing here
-imports transformers: safetensors reads and writes the weights, tokenizers reads tokenizer.json.
+imports transformers: safetensors reads and writes the weights, tokenizers reads and writes tokenizer.json.
 
 The shared components of every model file (embedding, attention, MLP, the pre-norms, final norm, head) are
 model_vanilla.py's, which computes what LlamaForCausalLM and Qwen3ForCausalLM compute:
@@ -316,33 +316,25 @@ def to_hf_state(state, model_args):
     return out
 
 
-def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.float32):
+def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.float32, tokenizer=None):
     """Write the folder `to` (which must not exist or be empty) of a vanilla run: config.json, model.safetensors
-    and the tokenizer files of an hf: tokenizer."""
+    and the tokenizer (tokenizer_files(): the run's, or that of the folder `tokenizer`)."""
+    files = tokenizer_files(meta or {}, tokenizer)
     source = {}
     if source_folder and os.path.isfile(os.path.join(source_folder, "config.json")):
         source = read_json(os.path.join(source_folder, "config.json"))
     config = hf_config(model_args, source, (meta or {}).get("eot_token"))
     tensors = {k: v.to(dtype) for k, v in to_hf_state(state, model_args).items()}
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    write_folder(to, config, tensors, {}, meta)
+    write_folder(to, config, tensors, files)
     return config
 
 
-def write_folder(to, config, tensors, files, meta):
-    """config.json, model.safetensors (tensors), files ({name: text}) and the tokenizer files of an hf: tokenizer,
-    written in a temporary folder beside `to`, then renamed into place."""
+def write_folder(to, config, tensors, files):
+    """config.json, model.safetensors (tensors) and files ({name: text or bytes}), written in a temporary folder
+    beside `to`, then renamed into place; every file with the mode open() gives (0666 less the umask)."""
     if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
         raise HFError(f"--to {to} exists and is not an empty folder; choose another --to or remove it")
-    tokenizer = (meta or {}).get("tokenizer", "")
-    copies = []
-    if tokenizer.startswith("hf:"):
-        copies = [os.path.join(tokenizer[3:], f) for f in TOKENIZER_FILES]
-        copies = [path for path in copies if os.path.isfile(path)]
-        if not copies:
-            note(f"the run's tokenizer folder {tokenizer[3:]} holds no tokenizer files any more: none are copied")
-    elif tokenizer:
-        note(f"the run's {tokenizer} tokenizer is not a Hugging Face one: {to} gets no tokenizer files")
     parent = os.path.dirname(os.path.abspath(to))
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(to))}.tmp{os.getpid()}")
     try:
@@ -350,12 +342,14 @@ def write_folder(to, config, tensors, files, meta):
         with open(os.path.join(tmp, "config.json"), "w") as f:
             f.write(common.to_json(config, indent=2))
             f.write("\n")
-        safetensors().torch.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        for name, text in files.items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
-        for path in copies:
-            shutil.copy2(path, tmp)
+        weights = os.path.join(tmp, "model.safetensors")
+        safetensors().torch.save_file(tensors, weights, metadata={"format": "pt"})
+        umask = os.umask(0o022)  # read and set back: safetensors writes through a private temporary file (0600)
+        os.umask(umask)
+        os.chmod(weights, 0o666 & ~umask)
+        for name, content in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(content.encode("utf-8") if isinstance(content, str) else content)
         if os.path.isdir(to):
             os.rmdir(to)  # empty (checked above)
         os.replace(tmp, to)
@@ -372,11 +366,12 @@ CUSTOM = "layer_connections"  # config.json's model_type of such a folder
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.float32):
+def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.float32, tokenizer=None):
     """Write the folder `to` of a run of any model file: config.json (model_type layer_connections, auto_map to
     hf_model.py; the run's model name and options), model.safetensors (every tensor of the checkpoint, under
     model.), the model file as this repository ships it, hf_model.py with its import line naming that file, and
-    the tokenizer files of an hf: tokenizer."""
+    the tokenizer (tokenizer_files(): the run's, or that of the folder `tokenizer`)."""
+    files = tokenizer_files(meta or {}, tokenizer)
     config = {"architectures": ["LayersForCausalLM"], "model_type": CUSTOM,
               "auto_map": {"AutoConfig": "hf_model.LayersConfig", "AutoModelForCausalLM": "hf_model.LayersForCausalLM"},
               "model_name": model_name, "model_args": model_args, "vocab_size": model_args["vocab_size"],
@@ -384,13 +379,12 @@ def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.floa
               "eos_token_id": (meta or {}).get("eot_token"), "torch_dtype": str(dtype).removeprefix("torch.")}
     tensors = {f"model.{k}": (v.to(dtype) if v.is_floating_point() else v).detach().to("cpu").clone()
                for k, v in state.items()}  # clone: safetensors stores no shared tensors (tied embeddings)
-    files = {}
     for name in (f"model_{model_name}.py", "hf_model.py"):
         with open(os.path.join(HERE, name), encoding="utf-8") as f:
             files[name] = f.read()
     files["hf_model.py"] = files["hf_model.py"].replace("from .model_vanilla import", f"from .model_{model_name} import",
                                                         1)  # the one line that names the model file
-    write_folder(to, config, tensors, files, meta)
+    write_folder(to, config, tensors, files)
     return config
 
 
@@ -497,20 +491,131 @@ def same_tokenizer(a, b):
 
 
 def check_tokenizer(folder, vocab_size, meta):
-    """The folder's tokenizer is the one the data was prepared with; a folder without tokenizer.json passes if
-    its vocabulary size is the data's, and the note that says so is returned."""
+    """The folder's tokenizer is the one the data was prepared with: an hf: tokenizer's tokenizer.json, or the one
+    export.py writes for the byte or gpt2 tokenizer. A folder without tokenizer.json (or with GPT-2's when
+    tiktoken's files are not at hand) passes if its vocabulary size is the data's, and the note that says so is
+    returned."""
     data_tok = meta["tokenizer"]
     mine = os.path.join(folder, "tokenizer.json")
     redo = f"prepare the data with `python prepare.py --tokenizer hf:{folder} ...` and pass that --dataset"
-    if not os.path.isfile(mine):
+    same = None  # None: it cannot be told
+    if os.path.isfile(mine) and data_tok.startswith("hf:"):
+        same = same_tokenizer(os.path.join(data_tok[3:], "tokenizer.json"), mine)
+    elif os.path.isfile(mine):
+        try:
+            from tokenizers import Tokenizer
+            same = Tokenizer.from_str(own_tokenizer_json(data_tok)).to_str() == Tokenizer.from_file(mine).to_str()
+        except HFError:  # GPT-2's files are not at hand offline
+            pass
+        except Exception:  # a tokenizer.json that the tokenizers package cannot read
+            same = False
+    if same is None:
         if vocab_size != meta["vocab_size"]:
             raise HFError(f"{folder}/config.json has vocab_size {vocab_size} but the data's {data_tok} tokenizer has "
                           f"{meta['vocab_size']}; the model's tokenizer is not the data's: {redo}")
-        return (f"{folder} has no tokenizer.json, so its tokenizer could not be checked against the data's "
-                f"({data_tok}); their vocabulary sizes agree ({vocab_size})")
-    if not (data_tok.startswith("hf:") and same_tokenizer(os.path.join(data_tok[3:], "tokenizer.json"), mine)):
+        why = "GPT-2's files are not at hand" if os.path.isfile(mine) else "it has no tokenizer.json"
+        return (f"the tokenizer of {folder} could not be checked against the data's ({data_tok}): {why}; their "
+                f"vocabulary sizes agree ({vocab_size})")
+    if not same:
         raise HFError(f"the tokenizer of {folder} is not the one the data was prepared with ({data_tok}); {redo}")
     if vocab_size < meta["vocab_size"]:
         raise HFError(f"{folder}/config.json has vocab_size {vocab_size}, fewer than its tokenizer's "
                       f"{meta['vocab_size']} tokens; the folder is inconsistent")
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the tokenizer an exported folder carries: files that transformers' AutoTokenizer loads
+
+EOT_TEXT = "<|endoftext|>"  # the end-of-text token of the byte and gpt2 tokenizers (id 256 and 50256)
+
+
+def tokenizer_files(meta, given=None):
+    """{file name: text or bytes} of the tokenizer of a run (meta.json's) for an exported folder: the files of the
+    folder `given` (export.py --tokenizer) where passed, else the run's: an hf: tokenizer's files as they are,
+    the byte tokenizer and GPT-2's (from tiktoken's cache) as a tokenizer.json made here. HFError, in one line
+    naming what to pass, where the run's tokenizer is not at hand."""
+    name, eot = meta.get("tokenizer", ""), meta.get("eot_token")
+    if given or name.startswith("hf:"):
+        folder = given or name[3:]
+        if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            what = "--tokenizer" if given else "the run's tokenizer folder"
+            raise HFError(f"{what} {folder} has no tokenizer.json; pass --tokenizer DIR, a folder holding the run's "
+                          "tokenizer.json")
+        _, decode, vocab_size, folder_eot = get_tokenizer(folder)
+        if given and (vocab_size, folder_eot) != (meta.get("vocab_size"), eot):
+            raise HFError(f"--tokenizer {folder} has {vocab_size} tokens and end of text {folder_eot}, the run's "
+                          f"{name} tokenizer {meta.get('vocab_size')} and {eot}; pass a folder with the run's "
+                          "tokenizer")
+        files = {}
+        for f in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(folder, f)):
+                with open(os.path.join(folder, f), "rb") as file:
+                    files[f] = file.read()
+        if "tokenizer_config.json" not in files:  # without it transformers knows no end-of-text token
+            files["tokenizer_config.json"] = common.to_json({
+                "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": decode([eot]), "pad_token": decode([eot]),
+                "split_special_tokens": True}, indent=2) + "\n"  # special tokens in a text are text, as in prepare.py
+        return files
+    return {"tokenizer.json": own_tokenizer_json(name), "tokenizer_config.json": common.to_json({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT_TEXT, "eos_token": EOT_TEXT,
+        "pad_token": EOT_TEXT,  # every document starts after one; pads are masked, so any token would do
+        "clean_up_tokenization_spaces": False,  # the text decoded as it is
+        "split_special_tokens": True,  # "<|endoftext|>" in a text is its bytes, as prepare.py encodes it
+    }, indent=2) + "\n"}
+
+
+def own_tokenizer_json(name):
+    """tokenizer.json (text) of prepare.py's byte or gpt2 tokenizer: the byte tokenizer's 256 bytes at their byte
+    values; GPT-2's tokens from tiktoken's files (its cache), which tiktoken downloads where there is internet."""
+    if name == "byte":
+        return byte_level_json({bytes([b]): b for b in range(256)}, words=False)
+    if name == "gpt2":
+        try:
+            from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
+            ranks = ENCODING_CONSTRUCTORS["gpt2"]()["mergeable_ranks"]
+        except Exception:  # no tiktoken, or its download failed (no internet)
+            raise HFError("GPT-2's tokenizer is not at hand offline (tiktoken's cache does not hold its files); pass "
+                          "--tokenizer DIR, a folder with GPT-2's tokenizer.json (huggingface-cli download "
+                          "openai-community/gpt2 --local-dir DIR), or set TIKTOKEN_CACHE_DIR to tiktoken's cache")
+        return byte_level_json(ranks, words=True)
+    raise HFError(f"the run's tokenizer {name or '(none recorded)'} cannot be exported; pass --tokenizer DIR, a "
+                  "folder with the run's tokenizer.json")
+
+
+def bytes_to_unicode():
+    """GPT-2's map of the 256 bytes to printable characters, in which byte-level BPE files write their tokens."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def byte_level_json(ranks, words):
+    """tokenizer.json (text, the tokenizers package) of tiktoken's byte-level BPE ranks {token bytes: id}, plus
+    "<|endoftext|>" at the next id. tiktoken merges, in a text, the pair of parts whose merged token ranks lowest;
+    the merges here are each token's last merge when its own bytes are encoded so, in the order of the tokens'
+    ranks, which encode as tiktoken does. words: split the text into GPT-2's words first (its regex)."""
+    try:
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    except ImportError:
+        raise HFError("writing a tokenizer.json needs the tokenizers package: pip install tokenizers")
+    chars = bytes_to_unicode()
+
+    def text(token):
+        return "".join(chars[b] for b in token)
+
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:  # tiktoken's encoding of the token, with the tokens ranked below it
+            best, i = min((ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1))
+            if best >= rank:
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) == 2:
+            merges.append((text(parts[0]), text(parts[1])))
+    tok = Tokenizer(models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=words)
+    tok.decoder = decoders.ByteLevel()  # bytes back, then UTF-8, broken sequences as U+FFFD (errors="replace")
+    tok.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
+    return tok.to_str(pretty=True)

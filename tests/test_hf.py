@@ -1,7 +1,7 @@
 """Hugging Face models in and out (hf.py): train.py --init_from DIR, export.py and prepare.py --tokenizer hf:DIR,
 checked against transformers' own LlamaForCausalLM and Qwen3ForCausalLM. The models are tiny and random, made and
 saved here (offline); the data is the real Shakespeare set from prepare.py (byte tokenizer, vocab 257, so the
-folders have vocab_size 257 and no tokenizer files), and one test makes its own tokenizer.json with `tokenizers`."""
+folders have vocab_size 257), and one test makes its own tokenizer.json with `tokenizers`."""
 import dataclasses
 import json
 import os
@@ -127,8 +127,8 @@ def test_logits_gradients_and_greedy_tokens_match_transformers(arch, hf_models, 
 def test_export_then_import_is_the_identity(arch, imported, data_dir, tmp_path, capsys):
     folder = tmp_path / "exported"
     export.main(["--out_dir", imported[arch], "--to", str(folder)])
-    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors"]  # byte data: no tokenizer files
-    assert "byte tokenizer is not a Hugging Face one" in capsys.readouterr().err
+    # byte data: the byte tokenizer as a tokenizer.json, which --init_from checks against the data's
+    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     config = json.load(open(folder / "config.json"))
     assert config["architectures"] == [CLASSES[arch]] and config["tie_word_embeddings"] == (arch == "qwen3")
     main("--init_from", folder, "--data_dir", data_dir, "--out_dir", tmp_path / "again", "--max_iters=0", *RUN)
@@ -319,10 +319,13 @@ def test_hf_tokenizer_from_prepare_to_sample_and_export(tmp_path, capsys):
 
     exported = tmp_path / "exported"
     export.main(["--out_dir", str(run), "--to", str(exported)])
-    assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json"]
+    # its tokenizer.json as it is, and a tokenizer_config.json that names the end-of-text token
+    assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                            "tokenizer_config.json"]
     assert (exported / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
     hf_tok = transformers.AutoTokenizer.from_pretrained(exported)
     assert hf_tok(TEXT, add_special_tokens=False).input_ids == encode(TEXT)
+    assert hf_tok.eos_token_id == hf_tok.pad_token_id == eot
     assert json.load(open(exported / "config.json"))["eos_token_id"] == eot
 
     # prepare.py with a folder that has no tokenizer.json: one line

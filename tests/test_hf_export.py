@@ -3,13 +3,18 @@ as a transformers custom-code folder, which AutoModelForCausalLM.from_pretrained
 offline with the same logits and the same greedy tokens as this repository; train.py --init_from DIR reads it back
 whole; lm-evaluation-harness's own `hf` model type scores it as eval.py --lm_eval does. Tiny random runs (the
 method's own parameters moved away from their init, so that a lost one shows)."""
+import ast
+import contextlib
 import filecmp
 import hashlib
+import io
 import json
 import os
+import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers", reason="the exported folders are checked with transformers: "
                                    "pip install -r requirements-eval.txt")
@@ -17,10 +22,11 @@ pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
 import common
 import export
+import hf
 import train
 from conftest import ROOT, model_cases, run_script
 from generate import generate
-from prepare import decode_bytes
+from prepare import decode_bytes, encode_bytes
 from test_errors import assert_one_error_line
 
 TINY = ["--n_layer=4", "--n_head=4", "--n_kv_head=2", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
@@ -81,11 +87,14 @@ def test_export_loads_in_transformers_computes_the_same_and_comes_back(name, var
     got = theirs.generate(prompt, max_new_tokens=n, do_sample=False)
     assert torch.equal(got, want)
 
-    # and sample.py's text, from a checkpoint, equals transformers' greedy tokens after the same prompt
+    # and sample.py's text, from a checkpoint, is what pipeline("text-generation") prints after the same prompt, with
+    # the folder's tokenizer
     code, text, err = run_script("sample.py", ["--out_dir", run, "--start", "ROMEO:", "--num_samples=1",
                                                f"--max_new_tokens={n}", "--temperature=0", "--device=cpu"], capsys)
-    ids = theirs.generate(torch.tensor([list(b"ROMEO:")]), max_new_tokens=n, do_sample=False)[0].tolist()
-    assert code == 0 and text.split("\n---------------")[0] == decode_bytes(ids)
+    generator = transformers.pipeline("text-generation", model=str(folder), trust_remote_code=True)
+    generator.model.generation_config.eos_token_id = None  # (a random model says end of text too)
+    printed = generator("ROMEO:", max_new_tokens=n, do_sample=False)[0]["generated_text"]
+    assert code == 0 and text.split("\n---------------")[0] == printed
 
     # export, then --init_from, then export: the same files, every tensor the method's own included
     again = tmp_path / "again"
@@ -98,6 +107,183 @@ def test_export_loads_in_transformers_computes_the_same_and_comes_back(name, var
             assert torch.equal(back["model"][key], t), key
     export.main(["--out_dir", str(tmp_path / "back"), "--to", str(again)])
     assert digests(again) == digests(folder)
+
+
+# ---- padding, and the rest of what transformers passes --------------------------------------------------------
+
+PROMPTS = ["ROMEO:", "JULIET:\nO Romeo, Romeo", "A"]  # 6, 22 and 1 byte tokens
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("name,variant,overrides", CASES, ids=IDS)
+def test_a_padded_batch_computes_what_each_row_computes_alone(name, variant, overrides, data_dir, tmp_path):
+    """The folder's tokenizer pads PROMPTS on either side; through transformers each row's logits at its real
+    positions are those of the prompt alone, and greedy generate() continues each row as sample.py does (the custom
+    folders past the context of 32, where the window restarts; transformers' Llama within it). The custom folders
+    also: use_cache off, sampling, beam search, labels, output_hidden_states and return_dict."""
+    run = make_run(name, overrides, data_dir, tmp_path / "run")
+    folder = tmp_path / "hf"
+    export.main(["--out_dir", str(run), "--to", str(folder)])
+    ours, _, _ = common.model_from_checkpoint(str(run))
+    ours.eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True).eval()
+    model.generation_config.eos_token_id = None  # sample.py does not stop at end-of-text either
+    alone = [torch.tensor([list(p.encode())]) for p in PROMPTS]
+    n = 10 if name == "vanilla" else 40
+    want = [generate(ours, ids, n, temperature=0)[0] for ids in alone]  # sample.py's tokens
+    for side in ("left", "right"):
+        batch = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side=side)
+        real = batch["attention_mask"].bool()
+        assert not real.all() and (real[:, 0] if side == "right" else real[:, -1]).all()
+        with torch.no_grad():
+            logits = model(**batch).logits
+            for i, ids in enumerate(alone):
+                assert rel(logits[i][real[i]], model(ids).logits[0]) <= 1e-5, (side, i)
+        if name == "vanilla" and side == "right":
+            continue  # transformers' Llama predicts a right-padded row's first new token at a pad (it warns so)
+        for use_cache in (True, False):
+            got = model.generate(**batch, max_new_tokens=n, do_sample=False, use_cache=use_cache)
+            real_and_new = torch.cat([real, torch.ones(len(PROMPTS), n, dtype=torch.bool)], dim=1)
+            for i in range(len(PROMPTS)):
+                assert torch.equal(got[i][real_and_new[i]], want[i]), (side, use_cache, i)
+    if name == "vanilla":
+        return  # the rest is hf_model.py's (transformers' own Llama)
+
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    # sampling: the same tokens with the cache and without (the same random numbers drawn)
+    torch.manual_seed(0)
+    sampled = model.generate(**batch, max_new_tokens=n, do_sample=True, top_k=50, temperature=2.0)
+    torch.manual_seed(0)
+    assert torch.equal(sampled, model.generate(**batch, max_new_tokens=n, do_sample=True, top_k=50, temperature=2.0,
+                                               use_cache=False))
+    # beam search reorders and repeats rows between steps: each row's beams are those of its prompt alone, computed
+    # without the cache
+    beams = model.generate(**batch, max_new_tokens=n, num_beams=3, do_sample=False)
+    own = [model.generate(ids, max_new_tokens=n, num_beams=3, do_sample=False, use_cache=False)[0] for ids in alone]
+    for i in range(len(PROMPTS)):
+        assert torch.equal(beams[i][-own[i].numel():], own[i]), i
+    assert any(not torch.equal(o, w) for o, w in zip(own, want))  # beam search, not greedy decoding
+
+    # labels (pads -100): the mean next-token loss of the real tokens, on the right-padded batch
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="right")
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        out = model(**batch, labels=batch["input_ids"].masked_fill(~real, -100), output_hidden_states=True)
+        pairs = [(ours(ids)[0][0, :-1], ids[0, 1:]) for ids in alone]
+        loss = F.cross_entropy(torch.cat([l for l, _ in pairs]), torch.cat([t for _, t in pairs]))
+        assert out.loss.item() == pytest.approx(loss.item(), rel=1e-5)
+        # hidden states: the embeddings and every block's output (the model file's return_hidden)
+        assert len(out.hidden_states) == ours.config.n_layer + 1
+        for i, ids in enumerate(alone):
+            last = ours(ids, return_hidden=True)[2][-1][0]
+            assert rel(out.hidden_states[-1][i][real[i]], last) <= 1e-5
+        as_tuple = model(**batch, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(**batch).logits)
+
+
+# ---- the tokenizer a folder carries -----------------------------------------------------------------------------
+
+TEXTS = ["ROMEO:\nBut, soft!", "  two  spaces\tand a tab\n\n", "caf\u00e9 \u65e5\u672c <|endoftext|> end", ""]
+
+
+def test_the_byte_tokenizer_is_a_tokenizer_json_that_transformers_loads(data_dir, tmp_path, capfd):
+    """A run on the byte tokenizer (the quick start's) exports its tokenizer: 256 byte tokens at their byte values and
+    end of text 256, which AutoTokenizer loads as transformers' own tokenizer class, without a question or a
+    warning (a custom-code folder with trust_remote_code=True, which AutoTokenizer needs to read its config.json;
+    PreTrainedTokenizerFast without it), encoding and decoding as prepare.py does. Every file is written with the
+    mode the umask gives."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for name, trust in (("vanilla", {}), ("vertical", {"trust_remote_code": True})):
+        folder = tmp_path / f"{name}-hf"
+        export.main(["--out_dir", str(make_run(name, {}, data_dir, tmp_path / name)), "--to", str(folder)])
+        assert {f: os.stat(folder / f).st_mode & 0o777 for f in os.listdir(folder)} == \
+            {f: 0o666 & ~umask for f in os.listdir(folder)}
+        vocab = json.load(open(folder / "tokenizer.json"))["model"]["vocab"]
+        assert vocab == {hf.bytes_to_unicode()[b]: b for b in range(256)}
+        capfd.readouterr()
+        tokenizers = [transformers.AutoTokenizer.from_pretrained(str(folder), **trust),
+                      transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))]  # tokenizer files only
+        assert capfd.readouterr().err == ""  # no question, no warning
+        for tokenizer in tokenizers:
+            assert type(tokenizer).__module__.startswith("transformers.")
+            assert tokenizer.eos_token == tokenizer.bos_token == tokenizer.pad_token == "<|endoftext|>"
+            assert tokenizer.eos_token_id == tokenizer.bos_token_id == tokenizer.pad_token_id == 256
+            for text in TEXTS:
+                assert tokenizer(text)["input_ids"] == encode_bytes(text), text  # "<|endoftext|>" in a text is text
+            g = torch.Generator().manual_seed(0)
+            for _ in range(200):  # any ids, broken UTF-8 and end of text among them
+                ids = torch.randint(0, 257, (int(torch.randint(0, 12, (1,), generator=g)),), generator=g).tolist()
+                assert tokenizer.decode(ids, skip_special_tokens=True) == decode_bytes(ids), ids
+
+
+def test_a_gpt2_run_exports_gpt2s_tokenizer_from_tiktokens_files_or_is_refused(data_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    """GPT-2's tokenizer is made from tiktoken's ranks (here a small vocabulary that tiktoken's own trainer makes
+    with GPT-2's rules, in place of GPT-2's files, which are not here offline): its tokenizer.json encodes as tiktoken
+    does. Without tiktoken's files the export is refused in one line naming --tokenizer, which then gives the
+    tokenizer."""
+    import tiktoken
+    from test_lm_eval import OFFLINE
+    from tiktoken._educational import bpe_train
+    from tiktoken_ext import openai_public
+    import prepare
+    text = "".join(prepare.shakespeare_documents())
+    with contextlib.redirect_stdout(io.StringIO()):  # the trainer shows its every merge
+        ranks = bpe_train(text[:60_000], 400, openai_public.r50k_pat_str)
+    tiktokens = {"name": "gpt2", "pat_str": openai_public.r50k_pat_str, "mergeable_ranks": ranks,
+                 "special_tokens": {"<|endoftext|>": 400}}
+    enc = tiktoken.Encoding(**tiktokens)
+    run = make_run("vertical", {}, data_dir, tmp_path / "run")
+    ckpt = torch.load(run / "ckpt.pt", weights_only=False)
+    ckpt["meta"] = {**ckpt["meta"], "tokenizer": "gpt2", "vocab_size": 401, "eot_token": 400}
+    train.save_checkpoint(str(run / "ckpt.pt"), ckpt)
+
+    for k, v in {**OFFLINE, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty")}.items():
+        monkeypatch.setenv(k, v)  # tiktoken has to download GPT-2's files, and cannot
+    code, _, err = run_script("export.py", ["--out_dir", run, "--to", tmp_path / "refused"], capsys)
+    assert_one_error_line(code, err, "pass --tokenizer DIR")
+    assert not (tmp_path / "refused").exists()
+
+    monkeypatch.setitem(openai_public.ENCODING_CONSTRUCTORS, "gpt2", lambda: tiktokens)  # tiktoken's files at hand
+    export.main(["--out_dir", str(run), "--to", str(tmp_path / "made")])
+    monkeypatch.undo()
+    (tmp_path / "tok").mkdir()
+    shutil.copy(tmp_path / "made" / "tokenizer.json", tmp_path / "tok")
+    export.main(["--out_dir", str(run), "--to", str(tmp_path / "given"), "--tokenizer", str(tmp_path / "tok")])
+    held_out = text[100_000:200_000] + "".join(TEXTS)
+    for folder in ("made", "given"):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / folder), trust_remote_code=True)
+        assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 400
+        ids = tokenizer(held_out)["input_ids"]
+        assert ids == enc.encode_ordinary(held_out) and tokenizer.decode(ids) == held_out
+    code, _, err = run_script("export.py", ["--out_dir", run, "--to", tmp_path / "other", "--tokenizer",
+                                            tmp_path / "made-not"], capsys)
+    assert_one_error_line(code, err, "has no tokenizer.json")
+
+
+def test_the_readme_hub_snippet_runs_as_written(data_dir, tmp_path, monkeypatch, capsys):
+    """README.md's Python snippet under "Share a run on the Hub", run as it is written on a folder exported where it
+    looks: the pipeline prints sample.py's greedy text, and generate() samples a left-padded batch of two."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("\n## Share a run on the Hub\n"):]
+    start = section.index("```python\n") + len("```python\n")
+    snippet = section[start:section.index("```\n", start)]
+    run = make_run("vertical", {}, data_dir, tmp_path / "run")
+    export.main(["--out_dir", str(run), "--to", str(tmp_path / "models" / "vertical-shakespeare")])
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    exec(compile(snippet, "README.md", "exec"), {})
+    greedy, sampled = capsys.readouterr().out.removesuffix("\n").rsplit("\n", 1)
+    ours, _, _ = common.model_from_checkpoint(str(run))
+    want = generate(ours.eval(), torch.tensor([list(b"ROMEO:")]), 100, temperature=0)[0].tolist()
+    assert 256 not in want and greedy == decode_bytes(want)  # past the context of 32: the window restarts
+    prompts, sampled = ["ROMEO:", "JULIET:\nO Romeo"], ast.literal_eval(sampled)  # (unseeded: any continuation)
+    assert len(sampled) == 2 and all(t.startswith(p) for t, p in zip(sampled, prompts))
 
 
 # ---- lm-evaluation-harness's own `hf` model type on an exported folder ---------------------------------------
@@ -123,10 +309,14 @@ def tokenized(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", sorted({name for name, _, _ in CASES}))
-def test_lm_eval_hf_model_type_agrees_with_eval_py(name, tokenized, tmp_path, monkeypatch, capsys):
+def test_lm_eval_hf_model_type_agrees_with_eval_py_at_any_batch_size(name, tokenized, tmp_path, monkeypatch, capsys):
+    """lm-evaluation-harness's own `hf` model type on an exported folder, at --batch_size 1 and 4: the same numbers on
+    the multiple-choice task (eval.py --lm_eval's) and on a generation task (generate_until, its contexts
+    left-padded in a batch of 4), whose continuations are generate.py's greedy tokens."""
     from test_lm_eval import OFFLINE, TASKS
     import eval as evalpy
     import lm_eval
+    import prepare
     from lm_eval.tasks import TaskManager
     for k, v in OFFLINE.items():
         monkeypatch.setenv(k, v)
@@ -137,14 +327,29 @@ def test_lm_eval_hf_model_type_agrees_with_eval_py(name, tokenized, tmp_path, mo
     capsys.readouterr()
     evalpy.main(["--out_dir", str(run), "--loss=false", "--k_shot=0", "--device=cpu", "--json", "--lm_eval", task])
     ours = json.loads(capsys.readouterr().out)["lm_eval"]["shakespeare_mc"]
-    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},trust_remote_code=True,device=cpu",
-                                  tasks=["shakespeare_mc"], num_fewshot=0, task_manager=TaskManager(include_path=TASKS,
-                                                                                                    include_defaults=False))
-    theirs = out["results"]["shakespeare_mc"]
-    print(f"{name}: eval.py --lm_eval acc {ours['acc,none']:.4f} acc_norm {ours['acc_norm,none']:.4f}; "
-          f"lm-eval hf acc {theirs['acc,none']:.4f} acc_norm {theirs['acc_norm,none']:.4f}")
-    assert theirs["acc,none"] == pytest.approx(ours["acc,none"], abs=1e-12)
-    assert theirs["acc_norm,none"] == pytest.approx(ours["acc_norm,none"], abs=1e-12)
+    results, responses = {}, {}
+    for batch_size in (1, 4):
+        out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},trust_remote_code=True,device=cpu",
+                                      tasks=["shakespeare_mc", "shakespeare_gen"], num_fewshot=0, batch_size=batch_size,
+                                      log_samples=True, task_manager=TaskManager(include_path=TASKS,
+                                                                                 include_defaults=False))
+        results[batch_size] = {f"{task} {metric.split(',')[0]}": value for task, numbers in out["results"].items()
+                               for metric, value in numbers.items() if metric.endswith(",none")
+                               and "stderr" not in metric}
+        responses[batch_size] = {s["doc"]["context"]: s["filtered_resps"][0] for s in out["samples"]["shakespeare_gen"]}
+    print(f"{name}: eval.py --lm_eval acc {ours['acc,none']:.4f} acc_norm {ours['acc_norm,none']:.4f}; lm-eval hf "
+          + "; ".join(f"batch {b}: " + ", ".join(f"{k} {v:.4f}" for k, v in r.items()) for b, r in results.items()))
+    assert results[1] == results[4] and responses[1] == responses[4]
+    assert results[1]["shakespeare_mc acc"] == pytest.approx(ours["acc,none"], abs=1e-12)
+    assert results[1]["shakespeare_mc acc_norm"] == pytest.approx(ours["acc_norm,none"], abs=1e-12)
+    # each continuation: generate.py's greedy tokens after the context (its last 32 - 8 tokens), up to a newline
+    model, _, ckpt = common.model_from_checkpoint(str(run))
+    encode, decode, _, eot = prepare.get_tokenizer(ckpt["meta"]["tokenizer"])
+    for context, response in responses[1].items():
+        ids = encode(context)[-24:]
+        new = generate(model.eval(), torch.tensor([ids]), 8, temperature=0)[0, len(ids):].tolist()
+        assert response == decode(new[:new.index(eot)] if eot in new else new).split("\n")[0], context
+    assert len(set(responses[1].values())) > 1
 
 
 def edit_config(folder, **changes):

@@ -1,4 +1,5 @@
-"""The documents of the local lm-evaluation-harness tasks next to this file, read without the Hugging Face hub."""
+"""The documents of the local lm-evaluation-harness tasks next to this file, read without the Hugging Face hub, and
+shakespeare_gen's score."""
 import json
 import os
 
@@ -18,3 +19,11 @@ def shakespeare_mc(**metadata):
 
 def shakespeare_text(**metadata):
     return read("shakespeare_text.jsonl")
+
+
+def prefix_chars(doc, results):
+    """shakespeare_gen's score of a continuation: how many characters of the right choice (after the space that
+    follows the context) it gets right from its start, and whether it is the whole choice."""
+    want, got = " " + doc["choices"][doc["label"]], results[0]
+    n = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    return {"prefix_chars": n, "exact_match": float(got.strip() == want.strip())}
