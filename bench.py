@@ -68,7 +68,7 @@ class BenchConfig:
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the training step")
-    json: str = option("", "also write the results to this JSON file", path=True)
+    json: str = option("", "also write the results to this JSON file", path=True, out="file")
     close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
                               "every later one for every token (blocks K to L-1-K skipped); -1 = as initialised", min=-1)
     checkpoint: str = option("", "time only generation with and without skipping, on this trained run (its "

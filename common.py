@@ -26,7 +26,9 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
+import tempfile
 import types
 from contextlib import nullcontext
 
@@ -154,8 +156,9 @@ def to_json(value, **kwargs):
 # options
 
 def option(default, doc, **rules):
-    """A config field with its --help text and its constraints (min / max, above / below, choices, path), which
-    check_config() applies; the model files define the same helper for their GPTConfig."""
+    """A config field with its --help text and its constraints (min / max, above / below, choices; path: a file
+    name; out="file" or "folder": what the script writes there; required), which check_config() and the parsers
+    apply before any work; the model files define the same helper for their GPTConfig."""
     return dataclasses.field(default=default, metadata=dict(doc=doc, **rules))
 
 
@@ -212,6 +215,10 @@ def add_options(parser, config_class, title, defaults=None):
         default = (defaults or {}).get(f.name, f.default)
         rule, kind = f.metadata, f.type
         doc = rule.get("doc", "")
+        if rule.get("required"):  # no default to show: the option must be given
+            group.add_argument(f"--{f.name}", type=kind, required=True, default=argparse.SUPPRESS, help=doc,
+                               metavar=kind.__name__.upper())
+            continue
         if "choices" in rule:
             doc += f" (choices: {', '.join(map(str, rule['choices']))})"
         if kind is bool:
@@ -274,6 +281,7 @@ def parse_model_options(config_class, argv, doc):
         name = str(e).split()[0][2:] if str(e).startswith("--") else ""
         raise ConfigError(f"{e}{where(name)}")
     check_paths(cfg)
+    check_outputs(cfg)
     return cfg, model_args, module, explicit
 
 
@@ -370,6 +378,37 @@ def check_paths(config):
                                   "or a part longer than 255 bytes); choose another")
 
 
+def check_outputs(config):
+    """check_output() of every option declared with out="file" or out="folder" that is set."""
+    for f in dataclasses.fields(config):
+        if f.metadata.get("out") and getattr(config, f.name):
+            check_output(f"--{f.name}", getattr(config, f.name), f.metadata["out"])
+
+
+def check_output(name, path, kind):
+    """Before any work: ConfigError in one line naming the option when path cannot become the file (kind "file")
+    or the folder ("folder") a script will write: it is a folder where a file goes, or a file where a folder goes,
+    a part of it is a file, or the nearest folder that exists cannot be written (tried with a temporary file,
+    which also finds a read-only file system and holds for root)."""
+    if kind == "file" and os.path.isdir(path):
+        raise ConfigError(f"{name} {path} is a folder, and the script writes a file there; name a file")
+    if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{name} {path} is a file, and the script writes a folder there; choose another {name}")
+    folder = path if kind == "folder" else os.path.dirname(path) or "."
+    while not os.path.exists(folder):
+        folder = os.path.dirname(os.path.abspath(folder))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{name} {path}: {folder} is a file, so nothing can be written under it; choose another "
+                          f"{name}")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+        if kind == "file" and os.path.exists(path):
+            open(path, "ab").close()  # opened to append, nothing written
+    except OSError as e:
+        raise ConfigError(f"{name} {path}: {folder if kind == 'folder' or not os.path.exists(path) else path} cannot "
+                          f"be written ({e.strerror}); choose another {name}")
+
+
 def attach_option_values(argv, config_class):
     """argv with `--name VALUE` joined into `--name=VALUE` where --name takes a string and VALUE starts with a dash
     but is no option of config_class, or several words (argparse would read `--train_args "--learning_rate=1e-3"`
@@ -399,6 +438,7 @@ def parse_simple(config_class, argv, doc):
     except ValueError as e:
         raise ConfigError(str(e))
     check_paths(config)
+    check_outputs(config)
     return config
 
 
@@ -521,13 +561,31 @@ def hardware_name(device):
 REDO = "run prepare.py again to remake the data set"
 
 
+def prepare_hint(data_dir, dataset):
+    """What to run for a data set that is not prepared: the command that makes it where prepare.py knows its name,
+    else the nearest name (a typo) prepare.py knows or data_dir holds, else how to make one of your own files."""
+    from prepare import DATASETS  # prepare.py imports this module: read its names when they are needed
+    out = "" if os.path.normpath(data_dir) == "data" else f" --out_dir {shlex.quote(data_dir)}"
+    if dataset in DATASETS:
+        return f"run `python prepare.py --dataset {dataset}{out}` first"
+    prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ())
+                if os.path.isfile(os.path.join(data_dir, d, "meta.json"))]
+    close = difflib.get_close_matches(dataset, [*prepared, *DATASETS], 1, 0.6)
+    if close and close[0] in prepared:
+        return f"did you mean --dataset {close[0]}? ({data_dir} holds it)"
+    if close:
+        return f"did you mean --dataset {close[0]}? run `python prepare.py --dataset {close[0]}{out}` first"
+    return (f"prepare.py knows no data set of that name ({', '.join(DATASETS)}); to make {dataset} from text files of "
+            f"your own, run `python prepare.py --files FILE ... --name {shlex.quote(dataset)}{out}`")
+
+
 def read_meta(data_dir, dataset):
     """meta.json of a prepared data set, checked; ConfigError names the fix."""
     folder = os.path.join(data_dir, dataset)
     meta_path = os.path.join(folder, "meta.json")
     if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
-        raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); run "
-                          f"`python prepare.py --dataset {dataset}` first, or point --data_dir at its folder")
+        raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); "
+                          + prepare_hint(data_dir, dataset))
     meta = read_json(meta_path, "the data set's meta.json", REDO)
     if not isinstance(meta, dict):
         raise ConfigError(f"{meta_path} is not a JSON object; {REDO}")
@@ -583,7 +641,14 @@ def update_readme(table, results):
 # checkpoints: out_dir/ckpt.pt, written by train.py
 
 def checkpoint_path(out_dir):
-    return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
+    """The checkpoint file of --out_dir: a run folder's ckpt.pt, or a .pt file itself."""
+    if out_dir.endswith(".pt"):
+        return out_dir
+    if os.path.isfile(out_dir):
+        folder = os.path.dirname(out_dir)
+        raise ConfigError(f"--out_dir {out_dir} is a file, not a run folder or a .pt checkpoint; pass the run folder "
+                          f"that holds ckpt.pt{f' (perhaps {folder})' if folder else ''}")
+    return os.path.join(out_dir, "ckpt.pt")
 
 
 def read_checkpoint(path, keys=("model_name", "model_args", "model")):
@@ -645,3 +710,8 @@ def describe_run(ckpt):
         return "step unknown"
     tokens = ckpt.get("tokens_seen")
     return f"step {step:,}" + (f", {tokens:,} tokens seen" if tokens is not None else "")
+
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("common.py is a library module: what the scripts share (options, errors, files, data, checkpoints); "
+             "run a script, e.g. `python train.py --help`")

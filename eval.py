@@ -20,6 +20,7 @@ windows of the model's context so that every token is predicted exactly once. Th
     python eval.py --curves out/vanilla out/vertical
     python eval.py --out_dir out-vertical --loss=false --mc hellaswag_val.jsonl --k_shot 4
 """
+import contextlib
 import math
 import os
 import random
@@ -33,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import (DTYPES, ConfigError, autocast, describe_run, to_json, has_nonfinite, model_from_checkpoint, main_boundary,
-                    open_split, option, parse_json, parse_simple, read_meta, read_text, resolve_device, resolve_dtype,
-                    split_tokens)
+from common import (DTYPES, ConfigError, autocast, check_output, describe_run, has_nonfinite, main_boundary,
+                    model_from_checkpoint, open_split, option, parse_json, parse_simple, read_meta, read_text,
+                    resolve_device, resolve_dtype, split_tokens, to_json)
 from prepare import get_tokenizer
 
 
@@ -64,7 +65,8 @@ class EvalConfig:
                           path=True)
     plot: str = option("auto", "save PNGs: auto = when matplotlib is installed, true, false",
                        choices=("auto", "true", "false"))
-    plot_path: str = option("", "the logit lens figure; '' = logit_lens.png in the first out_dir", path=True)
+    plot_path: str = option("", "the logit lens figure (--curves: their figure); '' = logit_lens.png (curves.png) in "
+                           "the first out_dir", path=True, out="file")
     json: bool = option(False, "print the results as one JSON object per checkpoint, one per line")
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
@@ -355,6 +357,8 @@ def curves(args):
     others = [f"--{k}" for k in ("logit_lens", "depth_map", "mc", "lm_eval") if getattr(args, k)]
     if others:
         raise ConfigError(f"--curves reads only the runs' logs; run {' '.join(others)} in a command of its own")
+    if args.plot != "false" and not args.plot_path:  # the figure's path, before any log is read
+        check_output("--curves", os.path.join(args.curves[0], "curves.png"), "file")
     runs = [read_run_log(run) for run in args.curves]
     names = [os.path.basename(os.path.abspath(r["folder"])) for r in runs]
     for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name
@@ -571,6 +575,33 @@ def read_task_file(path):
                           f"({getattr(e, 'problem', None) or e}); {fix}")
     if not isinstance(task, dict):
         raise ConfigError(f"the --lm_eval task file {path} holds no task (a YAML mapping with a task name); {fix}")
+    for data in task_data(task):  # lm-evaluation-harness would end a missing or empty one in a traceback
+        if not os.path.exists(data):
+            raise ConfigError(f"the --lm_eval task file {path} reads its data set from {data}, which does not exist; "
+                              "make it, or fix the path in the task file")
+        try:
+            with open(data, "rb") if os.path.isfile(data) else contextlib.nullcontext(os.listdir(data)) as f:
+                empty = not (f.read(1) if os.path.isfile(data) else f)
+        except OSError as e:
+            raise ConfigError(f"the --lm_eval task file {path} reads its data set from {data}, which cannot be read "
+                              f"({e.strerror}); fix its permissions or the path in the task file")
+        if empty:
+            raise ConfigError(f"the --lm_eval task file {path} reads its data set from {data}, which is empty; fill "
+                              "it, or fix the path in the task file")
+
+
+def task_data(task):
+    """The local paths a task reads its data set from: dataset_kwargs' data_files (a path, a list, or a dict of
+    splits), and a dataset_path that names a file or folder on disk (else it is a Hugging Face hub name)."""
+    kwargs = task.get("dataset_kwargs")
+    files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    paths = []
+    for value in files.values() if isinstance(files, dict) else [files]:
+        paths += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    where = task.get("dataset_path")
+    if isinstance(where, str) and (where.startswith((".", "/", "~")) or os.path.exists(where)):
+        paths.append(os.path.expanduser(where))
+    return [os.path.expanduser(p) for p in paths]
 
 
 def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
@@ -582,8 +613,6 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
     adapter = make_lm_eval_adapter(model, encode, eot, block_size, args.batch_size, device, ctx)
     tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
     files = [t for t in tasks if t.endswith((".yaml", ".yml"))]
-    for f in files:  # lm-evaluation-harness would end a YAML file it cannot parse in a traceback
-        read_task_file(f)
     folders = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
     manager = TaskManager(include_path=folders or None, include_defaults=len(files) < len(tasks))
     try:
@@ -703,9 +732,16 @@ def main(argv):
     if args.curves:
         return curves(args)
     if args.lm_eval:
-        import_lm_eval()  # fail before any work when it is missing
+        import_lm_eval()  # fail before any work when it is missing, or a task file is bad
+        for f in [t.strip() for t in args.lm_eval.split(",") if t.strip().endswith((".yaml", ".yml"))]:
+            read_task_file(f)
     mc_items = read_mc(args.mc) if args.mc else None
     plt = pyplot_for(args.plot) if args.logit_lens or args.depth_map else None
+    figures = [os.path.join(run_folder(d), "depth_map.png") for d in args.out_dir if args.depth_map]
+    if args.logit_lens and not args.plot_path:
+        figures.append(os.path.join(run_folder(args.out_dir[0]), "logit_lens.png"))
+    for path in figures if plt is not None else ():  # before any checkpoint is evaluated
+        check_output("--out_dir", path, "file")
     device = resolve_device(args.device)
     ctx = autocast(device, resolve_dtype(args.dtype, device))
     results = []

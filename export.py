@@ -23,14 +23,11 @@ from common import ConfigError, model_from_checkpoint, main_boundary, option, pa
 @dataclass
 class ExportConfig:
     out_dir: str = option("out", "run folder holding ckpt.pt (or a path to a .pt file)", path=True)
-    to: str = option("", "the folder to write; it must not exist, or be empty", path=True)
+    to: str = option("", "the folder to write; it must not exist, or be empty", path=True, out="folder",
+                     required=True)
     dtype: str = option("float32", "of the saved weights", choices=("float32", "bfloat16"))
     tokenizer: str = option("", "a folder whose tokenizer files the folder gets instead of those made from the run's "
                             "tokenizer (for a gpt2 run where tiktoken's files are not at hand)", path=True)
-
-    def __post_init__(self):
-        if not self.to:
-            raise ValueError("--to is needed: the folder to write the Hugging Face model into")
 
 
 def parse_args(argv):

@@ -124,3 +124,8 @@ def sample_next(logits, temperature, top_k, top_p):
     # exponential (the index of the first of independent exponential clocks of rates p_i to ring)
     probs = logits.softmax(-1)
     return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1, keepdim=True)
+
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("generate.py is a library module: the generation loop of sample.py, bench.py and hf_model.py; to "
+             "generate text, run `python sample.py --help`")

@@ -619,3 +619,8 @@ def byte_level_json(ranks, words):
     tok.decoder = decoders.ByteLevel()  # bytes back, then UTF-8, broken sequences as U+FFFD (errors="replace")
     tok.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
     return tok.to_str(pretty=True)
+
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("hf.py is a library module: Hugging Face folders in (train.py --init_from) and out; run `python "
+             "export.py --help` or `python train.py --help`")

@@ -38,6 +38,11 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+if __name__ == "__main__":  # a file of an exported folder, not a script: say so, and what to run
+    raise SystemExit("hf_model.py runs inside transformers, from a folder export.py writes, which "
+                     "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) loads; run `python export.py "
+                     "--help`")
+
 from .model_vanilla import GPT, GPTConfig, KVCache  # export.py names the run's model file here
 
 UNSUPPORTED = ("position_ids", "inputs_embeds", "past_key_values", "cache", "output_attentions")

@@ -538,3 +538,8 @@ class SkipCache(KVCache):
 
     def key_mask(self, input_pos, g, dtype):
         return super().key_mask(input_pos, g, dtype).masked_fill((g == 0)[:, None, None, :], float("-inf"))
+
+
+if __name__ == "__main__":  # a model file, not a script: say so, and which script to run
+    raise SystemExit("model_skipmiddle.py is a model file, not a script: train it with `python train.py --model skipmiddle`, "
+                     "and sample a run of it with `python sample.py --out_dir RUN`")

@@ -248,3 +248,8 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.type_as(x)
+
+
+if __name__ == "__main__":  # a model file, not a script: say so, and which script to run
+    raise SystemExit("model_vanilla.py is a model file, not a script: train it with `python train.py --model vanilla`, "
+                     "and sample a run of it with `python sample.py --out_dir RUN`")

@@ -129,6 +129,7 @@ WEB_DATASETS = {  # name -> (Hugging Face hub repo, config); all are parquet sha
     "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # the skip-middle paper
     "openwebtext": ("Skylion007/openwebtext", None),  # the SLA paper
 }
+DATASETS = ("shakespeare", *WEB_DATASETS)  # what --dataset takes
 
 
 def web_documents(name):
@@ -219,7 +220,7 @@ def tokenize_all(docs, tokenizer, num_proc, batch_size=2048):
 @dataclass
 class PrepareConfig:
     dataset: str = option("shakespeare", "shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and "
-                          "openwebtext stream from the Hugging Face hub", choices=("shakespeare", *WEB_DATASETS))
+                          "openwebtext stream from the Hugging Face hub", choices=DATASETS)
     files: tuple = option((), "local .txt/.json/.jsonl/.parquet files, instead of --dataset; each name is read as "
                           "it is (your shell expands patterns)", path=True)
     text_field: str = option("text", "the text column of .json/.jsonl/.parquet files")
@@ -228,7 +229,8 @@ class PrepareConfig:
     max_tokens: int = option(100_000_000, "stop after the document that reaches this many tokens; 0 = no limit", min=0)
     val_fraction: float = option(0.01, "share of documents for validation", above=0, below=1)
     seed: int = option(42, "seeds the choice of validation documents", min=0, max=2**32 - 1)
-    out_dir: str = option("data", "writes OUT_DIR/NAME/{train,val}.bin and meta.json", path=True)
+    out_dir: str = option("data", "writes OUT_DIR/NAME/{train,val}.bin and meta.json", path=True,
+                         out="folder")
     name: str = option("", "the data set's folder inside out_dir; '' = the data set's name, or the first file's stem",
                        path=True)
     num_proc: int = option(min(8, os.cpu_count() or 1), "tokenizer processes", min=1)

@@ -175,8 +175,9 @@ class SweepConfig:
     dtype: str = option("auto", "auto (bfloat16 on CUDA), float32, bfloat16", choices=DTYPES)
     eval_batch_size: int = option(16, "windows per forward of the final evaluation", min=1)
     results: str = option("results", "folder of the main table's results.json, RESULTS.md and curves.png; "
-                          "ablations write to its ablations/NAME/", path=True)
-    runs_dir: str = option("out/sweep", "folder of the runs' checkpoints and logs", path=True)
+                          "ablations write to its ablations/NAME/", path=True, out="folder")
+    runs_dir: str = option("out/sweep", "folder of the runs' checkpoints and logs", path=True,
+                          out="folder")
     reuse: str = option("results/results.json", "comma-separated results.json files whose runs of the same key are "
                         "copied in, not trained again; '' = none", path=True)
     max_runs: int = option(0, "stop after this many newly trained runs; 0 = all", min=0)

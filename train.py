@@ -41,7 +41,7 @@ from train_setup import (catch_stop_signals, check_first_batch, check_splits, di
 class TrainConfig:
     # I/O
     model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
-    out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True)
+    out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True, out="folder")
     resume: bool = option(False, "continue the run saved in out_dir")
     size: str = option("", "a shape of the Vertical Attention paper's Table 2 with the model file's SIZE_DEFAULTS; "
                        "'' = the model file's own defaults", choices=("", *SIZES))

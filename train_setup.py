@@ -230,3 +230,7 @@ def stopped(error, iter_num, saved_step, cfg, proc):
         return error
     return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; continue "
                     "with --resume once every process can run")
+
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("train_setup.py is a library module of train.py; run `python train.py --help`")

@@ -1,7 +1,6 @@
 """eval.py's lm-evaluation-harness adapter against the real package (pip install -r requirements-eval.txt), on the
 tasks in tests/lm_eval_tasks: multiple choice over the questions eval.py --mc reads too, and loglikelihood_rolling
 over documents whose loss eval.py computes too. The tasks read local files: nothing is downloaded."""
-import argparse
 import importlib
 import importlib.util
 import json
@@ -14,7 +13,8 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT
+from conftest import ROOT, run_script
+from test_errors import assert_one_error_line
 from test_scripts import TINY
 
 pytestmark = [pytest.mark.extras, pytest.mark.skipif(
@@ -129,11 +129,10 @@ def test_loglikelihood_is_a_forward_pass(adapter):
         lm.generate_until([])
 
 
-def test_a_task_file_that_is_not_there(run_dir):
-    model, _, ckpt = evalpy.model_from_checkpoint(run_dir)
-    args = argparse.Namespace(lm_eval=os.path.join(TASKS, "nothing.yaml"), batch_size=4, k_shot=0, mc_limit=0)
-    with pytest.raises(evalpy.ConfigError, match="no task file"):
-        evalpy.run_lm_eval(model, None, 256, 32, args, "cpu", nullcontext())
+def test_a_task_file_that_is_not_there(run_dir, capsys):
+    code, _, err = run_script("eval.py", ["--out_dir", run_dir, "--lm_eval", os.path.join(TASKS, "nothing.yaml")],
+                              capsys)
+    assert_one_error_line(code, err, "no task file")
 
 
 @pytest.mark.parametrize("text,fragment", [
@@ -141,11 +140,28 @@ def test_a_task_file_that_is_not_there(run_dir):
     ("- a list\n- not a task\n", "holds no task"),
     (b"task: caf\xe9\n", "is not UTF-8 text"),
 ])
-def test_a_bad_task_file_is_one_line(text, fragment, run_dir, tmp_path):
+def test_a_bad_task_file_is_one_line_before_any_work(text, fragment, run_dir, tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    model, _, _ = evalpy.model_from_checkpoint(run_dir)
-    args = argparse.Namespace(lm_eval=str(path), batch_size=4, k_shot=0, mc_limit=0)
-    with pytest.raises(evalpy.ConfigError, match=fragment) as e:
-        evalpy.run_lm_eval(model, None, 256, 32, args, "cpu", nullcontext())
-    assert "bad.yaml" in str(e.value) and "\n" not in str(e.value)
+    code, out, err = run_script("eval.py", ["--out_dir", run_dir, "--lm_eval", str(path)], capsys)
+    assert_one_error_line(code, err, fragment)
+    assert "bad.yaml" in err and out == ""  # before the checkpoint's loss was evaluated
+
+
+@pytest.mark.parametrize("data", ["missing", "empty file", "empty folder", "missing path"])
+def test_a_task_whose_data_set_is_missing_or_empty_is_one_line(data, run_dir, tmp_path, capsys):
+    """A task reading a local data set (data_files, or a dataset_path on disk) that is not there, or empty: one line
+    naming the task file and the data path, before any work (lm-evaluation-harness would end in a traceback)."""
+    where = tmp_path / ("docs.jsonl" if "file" in data or data == "missing" else "docs")
+    if data == "empty file":
+        where.write_text("")
+    elif data == "empty folder":
+        where.mkdir()
+    key = "dataset_path" if "path" in data or "folder" in data else "dataset_kwargs"
+    source = (f"dataset_path: {where}\n" if key == "dataset_path" else
+              f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {where}\n")
+    task = tmp_path / "local.yaml"
+    task.write_text(f"task: local\n{source}test_split: test\noutput_type: multiple_choice\n")
+    code, out, err = run_script("eval.py", ["--out_dir", run_dir, "--lm_eval", str(task)], capsys)
+    assert_one_error_line(code, err, f"{task} reads its data set from {where}")
+    assert out == ""

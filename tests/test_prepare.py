@@ -173,7 +173,7 @@ ERRORS = [
                  "cannot read {root}/broken.jsonl as a json file", id="malformed_jsonl"),
     pytest.param(["--files", "{root}/missing.txt"], "no such file: {root}/missing.txt", id="missing_file"),
     pytest.param(["--files", "{root}/d.txt", "--out_dir", "{root}/a_file"],
-                 "a file is in the way", id="out_dir_is_a_file"),
+                 "is a file, and the script writes a folder there", id="out_dir_is_a_file"),
     pytest.param(["--files", "{root}/d.txt", "--max_tokens=-1"],
                  "--max_tokens must be 0 or more", id="negative_max_tokens"),
     pytest.param(["--files", "{root}/d.txt", "--val_fraction=0"],

@@ -1,0 +1,160 @@
+"""Every output path a script writes, made bad in every way a path can be bad (test_files.py's sibling for the
+files scripts write): each run ends, before any work, in exactly one `error:` line naming the option, and nothing
+is created. Then every hint the scripts print: the command between its backticks is run, as printed, and it no
+longer fails for the reason that printed it."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_script
+from test_errors import assert_one_error_line
+
+# script -> its options that name something it writes: (option, "file" or "folder"); the arguments it needs besides
+OUTPUTS = {
+    "train.py": [("out_dir", "folder")],
+    "prepare.py": [("out_dir", "folder")],
+    "bench.py": [("json", "file")],
+    "eval.py": [("plot_path", "file")],
+    "export.py": [("to", "folder")],
+    "sweep.py": [("results", "folder"), ("runs_dir", "folder")],
+}
+UNWRITABLE = "/sys/outputs-test"  # sysfs takes no new file, also for root (a chmod'ed folder would not stop root)
+
+
+def bad_paths(tmp, kind):
+    """(way, path) for every way an output path can be bad."""
+    a_file = tmp / "a_file"
+    a_file.write_text("x")
+    (tmp / "a_folder").mkdir()
+    ways = [("parent is a file", str(a_file / "out")), ("cannot be written", f"{UNWRITABLE}/out"),
+            ("name refused", str(tmp / ("n" * 300))), ("NUL in the name", str(tmp / "a\0b"))]
+    ways.append(("a folder where a file goes", str(tmp / "a_folder")) if kind == "file" else
+                ("a file where a folder goes", str(a_file)))
+    return ways
+
+
+CASES = [(script, option, kind, way) for script, options in OUTPUTS.items() for option, kind in options
+         for way in ("parent is a file", "cannot be written", "name refused", "NUL in the name",
+                     "a folder where a file goes" if kind == "file" else "a file where a folder goes")]
+
+
+@pytest.mark.parametrize("script,option,kind,way", CASES, ids=[f"{s}-{o}-{w}" for s, o, _, w in CASES])
+def test_a_bad_output_path_is_one_line_before_any_work(script, option, kind, way, tmp_path, capsys):
+    if way == "cannot be written" and not os.path.isdir("/sys"):
+        pytest.skip("no /sys here to stand for a folder that cannot be written")
+    path = dict(bad_paths(tmp_path, kind))[way]
+    extra = ["--out_dir", str(tmp_path / "run")] if script == "export.py" else []
+    before = sorted(os.listdir(tmp_path))
+    if "\0" in path:  # a command line cannot hold a NUL byte: run in this process
+        code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)
+    else:
+        code, _, err = run_script(script, [*extra, f"--{option}", path], capsys, "subprocess")
+    assert_one_error_line(code, err, f"--{option}")
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written, nothing started
+
+
+# ---- hints --------------------------------------------------------------------------------------------------
+
+def hint(err):
+    """The command between the backticks of an error line."""
+    found = re.findall(r"`([^`]+)`", err)
+    assert found, err
+    return found[0]
+
+
+def run(command, cwd, timeout=300, env=None):
+    """The command as printed (`python X.py ...` runs this repository's X.py), in cwd."""
+    words = shlex.split(command)
+    assert words[0] == "python" and words[1].endswith(".py"), command
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, words[1]), *words[2:]], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+
+@pytest.fixture
+def sandbox(tmp_path, data_dir):
+    """A folder to run from, with the prepared data under data/ as the scripts' defaults expect."""
+    os.symlink(data_dir, tmp_path / "data")
+    return tmp_path
+
+
+FAST = ["--max_iters", "2", "--eval_iters", "1", "--batch_size", "2", "--block_size", "32", "--n_layer", "1"]
+
+
+def test_a_misspelt_data_set_names_the_one_that_exists(sandbox, tmp_path_factory):
+    data = tmp_path_factory.mktemp("empty_data")
+    code, out = run(f"python train.py --dataset shakspeare --data_dir {data}", sandbox)
+    assert code == 1 and "did you mean --dataset shakespeare?" in out
+    command = hint(out)
+    assert command == f"python prepare.py --dataset shakespeare --out_dir {data}"
+    code, out = run(command, sandbox)
+    assert code == 0, out  # it prepares the data set train.py now finds
+    code, out = run(f"python train.py --dataset shakespeare --data_dir {data} --out_dir run {' '.join(FAST)}", sandbox)
+    assert code == 0, out
+
+
+def test_a_data_set_already_prepared_under_a_close_name(sandbox):
+    code, out = run("python train.py --dataset shakespear", sandbox)
+    assert code == 1 and "did you mean --dataset shakespeare? (data holds it)" in out
+
+
+def test_a_name_of_your_own_gets_prepare_files(sandbox):
+    code, out = run("python train.py --dataset my_notes", sandbox)
+    command = hint(out)
+    assert command == "python prepare.py --files FILE ... --name my_notes" and "knows no data set" in out
+    (sandbox / "notes.txt").write_text("ROMEO: a line of my own.\n" * 400)
+    code, out = run(command.replace("FILE ...", "notes.txt"), sandbox)  # the one placeholder, filled
+    assert code == 0, out
+    code, out = run(f"python train.py --dataset my_notes --out_dir run {' '.join(FAST)}", sandbox)
+    assert code == 0, out
+
+
+def test_a_web_data_set_gets_its_prepare_command(sandbox, tmp_path_factory):
+    data = tmp_path_factory.mktemp("empty_data")
+    code, out = run(f"python train.py --dataset openwebtext --data_dir {data}", sandbox)
+    command = hint(out)
+    assert command == f"python prepare.py --dataset openwebtext --out_dir {data}"
+    code, out = run(command, sandbox, timeout=120, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert "is not one of" not in out  # prepare.py takes the name; offline, it then says the hub cannot be reached
+
+
+def test_no_checkpoint_gets_the_train_command_that_makes_it(sandbox):
+    code, out = run("python sample.py --out_dir runs/first", sandbox)
+    command = hint(out)
+    assert code == 1 and command == "python train.py --out_dir runs/first"
+    code, out = run(f"{command} {' '.join(FAST)}", sandbox)  # as printed, shortened to two steps
+    assert code == 0, out
+    code, out = run("python sample.py --out_dir runs/first --num_samples 1 --max_new_tokens 4", sandbox)
+    assert code == 0, out
+
+
+def test_a_file_given_as_the_run_folder_names_no_command_that_cannot_work(sandbox):
+    (sandbox / "runs").mkdir()
+    (sandbox / "runs" / "log.jsonl").write_text("{}\n")
+    code, out = run("python sample.py --out_dir runs/log.jsonl", sandbox)
+    assert code == 1 and "is a file, not a run folder" in out and "`" not in out
+
+
+@pytest.mark.parametrize("module", ["common.py", "generate.py", "hf.py", "train_setup.py", "model_vanilla.py",
+                                    "model_vertical.py"])
+def test_a_library_module_run_as_a_script_says_which_script_to_run(module, sandbox):
+    code, out = run(f"python {module} --help", sandbox)
+    assert code == 1 and ("not a script" in out or "library module" in out), out
+    command = hint(out)
+    if "--model" in command:  # a model file's: trains; shortened to two steps
+        command += " --out_dir run " + " ".join(FAST)
+    code, out = run(command, sandbox)
+    assert code == 0, out
+
+
+def test_a_required_option_shows_no_default(capsys):
+    code, out, _ = run_script("export.py", ["--help"], capsys)
+    line = " ".join(out.split("--to STR", 1)[1].split("--dtype")[0].split())
+    assert code == 0 and "default" not in line, line
+    code, _, err = run_script("export.py", [], capsys)
+    assert_one_error_line(code, err, "--to")
