@@ -334,10 +334,11 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim, seq_len, theta, device):
-    """cos and sin of the rotary angles, each (seq_len, head_dim // 2)."""
+    """cos and sin of the rotary angles at full width, each (seq_len, head_dim): channels i and i + hd/2 turn by the
+    same angle, and the sin's first half is negated, so that apply_rope is two products, a roll and a sum."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
-    return angles.cos(), angles.sin()
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)  # (seq_len, hd/2)
+    return torch.cat((angles.cos(), angles.cos()), -1), torch.cat((-angles.sin(), angles.sin()), -1)
 
 
 def rope_at(cos, sin, T, input_pos):
@@ -346,14 +347,15 @@ def rope_at(cos, sin, T, input_pos):
     if input_pos is None:
         assert T <= cos.size(0), f"{T} tokens exceed block_size {cos.size(0)}"
         return cos[:T], sin[:T]
-    return cos[input_pos], sin[input_pos]  # (T, hd/2)
+    return cos[input_pos], sin[input_pos]  # (T, hd)
 
 
 def apply_rope(x, cos, sin):
-    """Rotate pairs (x[..., :hd/2], x[..., hd/2:]) of x (B, heads, T, hd) by the angles of their positions."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.type_as(x)
+    """Rotate the pairs (x[..., i], x[..., i + hd/2]) of x (B, heads, T, hd) by the angles of their positions:
+    x cos + rotate_half(x) sin, where rotate_half(x) = (-x2, x1) is x rolled by hd/2 with the sign in the sin table.
+    In float32 (a no-op for a float32 x): under bf16 autocast the rotation keeps its precision."""
+    xf = x.float()
+    return (xf * cos + xf.roll(x.size(-1) // 2, -1) * sin).type_as(x)
 
 
 if __name__ == "__main__":  # a model file, not a script: say so, and which script to run

@@ -159,7 +159,9 @@ def test_skip_heads_attend_over_the_source_layer_at_every_position(name, overrid
     inputs, heads = run_capturing(model, idx)
     H, H_kv = cfg.n_head, cfg.n_kv_head
     hd, g = cfg.n_embd // H, H // H_kv
-    cos, sin = model.rope_cos[:T].double(), model.rope_sin[:T].double()
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)  # (T, hd/2), from the formula
+    cos, sin = angles.cos(), angles.sin()
 
     def rope(x):  # (B, T, n, hd) -> rotated, as RoPE on (x1, x2) halves
         x1, x2 = x.chunk(2, dim=-1)
