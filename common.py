@@ -14,7 +14,8 @@ part under its heading below:
     device       the device, the precision (autocast), synchronize, the GPU's peak FLOP/s
     data         a prepared data set: meta.json and its token splits
     tables       README.md's copies of generated tables
-    checkpoints  reading train.py's ckpt.pt, its weights into a model, a model from a run folder
+    checkpoints  reading train.py's ckpt.pt, its weights into a model (q, k, v split and joined for older files and
+                 Hugging Face's names), a model from a run folder
 """
 import argparse
 import dataclasses
@@ -367,15 +368,20 @@ def make_config(config_class, **values):
     return config_class(**values)
 
 
+def check_name(name, path):
+    """path is a name the file system can hold: no NUL byte, and no part longer than 255 bytes (the limit of common
+    file systems); else ConfigError naming the option."""
+    if "\0" in path or any(len(os.fsencode(part)) > 255 for part in path.replace(",", os.sep).split(os.sep)):
+        raise ConfigError(f"{name} {path[:40]!r}...: no file or folder can have that name (a NUL byte, or a part "
+                          "longer than 255 bytes); choose another")
+
+
 def check_paths(config):
-    """The options declared with path=True name files or folders the file system can hold: no NUL byte, and no
-    part of the path longer than 255 bytes (the limit of common file systems)."""
+    """check_name() of every option declared with path=True."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         for path in (value if isinstance(value, tuple) else (value,)) if f.metadata.get("path") else ():
-            if "\0" in path or any(len(os.fsencode(part)) > 255 for part in path.replace(",", os.sep).split(os.sep)):
-                raise ConfigError(f"--{f.name} {path[:40]!r}...: no file or folder can have that name (a NUL byte, "
-                                  "or a part longer than 255 bytes); choose another")
+            check_name(f"--{f.name}", path)
 
 
 def check_outputs(config):
@@ -390,6 +396,7 @@ def check_output(name, path, kind):
     or the folder ("folder") a script will write: it is a folder where a file goes, or a file where a folder goes,
     a part of it is a file, or the nearest folder that exists cannot be written (tried with a temporary file,
     which also finds a read-only file system and holds for root)."""
+    check_name(name, path)
     if kind == "file" and os.path.isdir(path):
         raise ConfigError(f"{name} {path} is a folder, and the script writes a file there; name a file")
     if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
@@ -677,11 +684,42 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model")):
     return ckpt
 
 
+def qkv_rows(config):
+    """The rows of an attention's fused wqkv that are q, k and v: H, H_kv and H_kv heads of head_dim rows."""
+    a = config if isinstance(config, dict) else vars(config)  # model_args or a GPTConfig
+    head_dim = a["head_dim"] or a["n_embd"] // a["n_head"]
+    return a["n_head"] * head_dim, a["n_kv_head"] * head_dim, a["n_kv_head"] * head_dim
+
+
+def split_qkv(state, config):
+    """state with each attention's wqkv (weight and bias) as the three projections wq, wk and wv that Llama's and
+    Qwen3's q_proj, k_proj and v_proj are: views of its rows, so that a copy into them writes the fused tensor."""
+    out = {}
+    for name, t in state.items():
+        if m := re.fullmatch(r"(.*\battn\.)wqkv\.(weight|bias)", name):
+            out.update({f"{m[1]}{w}.{m[2]}": part for w, part in zip(("wq", "wk", "wv"), t.split(qkv_rows(config)))})
+        else:
+            out[name] = t
+    return out
+
+
+def join_qkv(state, model):
+    """A checkpoint written before q, k and v were one matmul: its attention's wq, wk and wv joined into the wqkv
+    that model has (the same numbers, so the same logits and the same greedy text)."""
+    want = model.state_dict()
+    for name in [n for n in state if re.fullmatch(r".*\battn\.wq\.(weight|bias)", n)]:
+        fused = name.replace(".wq.", ".wqkv.")
+        if fused in want and fused not in state:
+            state[fused] = torch.cat([state.pop(name.replace(".wq.", f".{w}.")) for w in ("wq", "wk", "wv")])
+    return state
+
+
 def load_weights(model, state, model_name, path):
     """The weights of a checkpoint into model; ConfigError if they do not fit it or are not all finite."""
     if not isinstance(state, dict) or not all(torch.is_tensor(t) for t in state.values()):
         raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train "
                           "again")
+    state = join_qkv(dict(state), model)
     bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if bad is not None:
         raise ConfigError(f"the weights in {path} hold NaN or infinity ({bad}); restore it from a copy or train again")

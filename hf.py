@@ -15,7 +15,7 @@ model_vanilla.py's, which computes what LlamaForCausalLM and Qwen3ForCausalLM co
     ours                              Hugging Face
     tok_emb                           model.embed_tokens
     blocks.i.attn_norm                model.layers.i.input_layernorm
-    blocks.i.attn.wq wk wv wo         model.layers.i.self_attn.q_proj k_proj v_proj o_proj
+    blocks.i.attn.wqkv (q, k, v) wo   model.layers.i.self_attn.q_proj k_proj v_proj o_proj  (split_qkv)
     blocks.i.attn.q_norm k_norm       model.layers.i.self_attn.q_norm k_norm            (Qwen3: qk_norm)
     blocks.i.mlp_norm                 model.layers.i.post_attention_layernorm
     blocks.i.mlp.w1 w3 w2             model.layers.i.mlp.gate_proj up_proj down_proj
@@ -182,7 +182,7 @@ def tensor_shapes(path):
 def shared_names(model):
     """{Hugging Face name: our name} of every parameter of model that a folder provides."""
     names = {}
-    for ours in model.state_dict():
+    for ours in common.split_qkv(model.state_dict(), model.config):
         hf = to_hf_name(ours)
         if hf is not None and not (ours == "lm_head.weight" and model.config.tie_embeddings):
             names[hf] = ours
@@ -196,7 +196,7 @@ def check_weights(folder, model):
     shapes = {}  # of the tensors the index (or the one file) points to, where it points
     for path in sorted(set(files.values())):
         shapes.update({name: shape for name, shape in tensor_shapes(path).items() if files.get(name) == path})
-    want, ours = shared_names(model), model.state_dict()
+    want, ours = shared_names(model), common.split_qkv(model.state_dict(), model.config)
     tied_head = model.config.tie_embeddings and "lm_head.weight" in shapes  # some tied folders keep a copy
     for name, shape in shapes.items():
         if name not in want and not (tied_head and name == "lm_head.weight"):
@@ -260,7 +260,7 @@ def load_weights(model, folder):
             raise HFError(str(e))
         return list(tensors)
     files = check_weights(folder, model)
-    st, want, ours = safetensors(), shared_names(model), model.state_dict()
+    st, want, ours = safetensors(), shared_names(model), common.split_qkv(model.state_dict(), model.config)
     loaded = []
     for path in sorted(set(files.values())):
         with st.safe_open(path, framework="pt") as f:
@@ -305,7 +305,7 @@ def to_hf_state(state, model_args):
     """vanilla's state_dict -> {Hugging Face name: tensor}; tied embeddings are stored once, as save_pretrained
     stores them."""
     out = {}
-    for ours, tensor in state.items():
+    for ours, tensor in common.split_qkv(state, model_args).items():
         if ours == "lm_head.weight" and model_args["tie_embeddings"]:
             continue
         hf = to_hf_name(ours)
@@ -416,7 +416,9 @@ def check_custom_weights(folder, model):
     for path in sorted(set(files.values())):
         shapes.update(tensor_shapes(path))
     want = {f"model.{k}": tuple(t.shape) for k, t in model.state_dict().items()}
-    if shapes != want:
+    # a folder exported before q, k and v were one matmul has them apart (load_weights joins them)
+    split = {f"model.{k}": tuple(t.shape) for k, t in common.split_qkv(model.state_dict(), model.config).items()}
+    if shapes != want and shapes != split:
         wrong = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
         raise HFError(f"the weights in {folder} do not fit its config.json (first: {wrong[0]}); the weights and "
                       "config.json do not belong together: export the run again")

@@ -3,8 +3,8 @@ Eager kernels per training step and per decode step, for every model file: what 
 for, where torch.compile does not fuse them (every launch counts there).
 
     python kernels.py                                   # every model file at GPT-2 small's shape, as in the README
-    python kernels.py --n_layer 6 --n_embd 128 --json results/kernels.json
-    python kernels.py --model_file path/to/model.py     # another repository's model file, counted the same way
+    python kernels.py --json results/kernels.json --update_readme   # the README's table
+    python kernels.py --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
 
 A kernel is one ATen operator call seen by a TorchDispatchMode, views excluded (an operator whose result aliases
 its input: view, transpose, expand, split, detach, ...). The training step is one forward with targets and its
@@ -22,7 +22,7 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import model_names, load_model_module
+from common import ConfigError, check_output, load_model_module, main_boundary, model_names, update_readme
 from generate import cache_for, decode_step, inference
 
 SHAPE = dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, ffn_hidden=3072, vocab_size=50304)  # GPT-2 small
@@ -71,18 +71,30 @@ def decode(model, block_size, vocab_size, batch_size=1):
 
 
 def external(path, args):
-    """The training step of another repository's model file (nanoGPT's GPT(GPTConfig), gpt-fast's Transformer)."""
+    """Another repository's model file at the same shape: the training step of nanoGPT's GPT(GPTConfig), or one
+    decode step of gpt-fast's Transformer(ModelArgs) after a prefill to the middle of the context."""
     spec = importlib.util.spec_from_file_location("external_model", path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     spec.loader.exec_module(module)
+    if hasattr(module, "Transformer"):  # gpt-fast
+        model = module.Transformer(module.ModelArgs(
+            n_layer=args.n_layer, n_head=args.n_head, n_local_heads=args.n_kv_head, dim=args.n_embd,
+            intermediate_size=args.ffn_hidden, vocab_size=args.vocab_size, block_size=args.block_size)).eval()
+        model.setup_caches(1, args.block_size)
+        half = args.block_size // 2
+        with torch.no_grad():
+            model(torch.randint(0, args.vocab_size, (1, half)), torch.arange(half))
+            token = torch.randint(0, args.vocab_size, (1, 1))
+            model(token, torch.tensor([half]))  # once before counting, as decode() does
+            return "decode step", count(lambda: model(token, torch.tensor([half + 1])))
     config = module.GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                               vocab_size=args.vocab_size, block_size=args.block_size, bias=False, dropout=0.0)
     model = module.GPT(config)
     idx = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size))
     model(idx, idx)[1].backward()
     model.zero_grad(set_to_none=True)
-    return count(lambda: model(idx, idx)[1].backward())
+    return "forward + backward", count(lambda: model(idx, idx)[1].backward())
 
 
 def main(argv=None):
@@ -92,16 +104,23 @@ def main(argv=None):
         parser.add_argument(f"--{name}", type=int, default=default, help=f"(default: {default})")
     parser.add_argument("--batch_size", type=int, default=4, help="(default: 4)")
     parser.add_argument("--block_size", type=int, default=256, help="(default: 256)")
-    parser.add_argument("--model_file", default="", help="count a nanoGPT-style model.py (GPT, GPTConfig) instead "
-                        "of this repository's model files (default: none)")
+    parser.add_argument("--model_file", default="", help="count nanoGPT's model.py (GPT, GPTConfig: a "
+                        "training step) or gpt-fast's (Transformer, ModelArgs: a decode step) instead of this "
+                        "repository's model files (default: none)")
     parser.add_argument("--json", default="", help="also write the counts here (default: none)")
     parser.add_argument("--top", type=int, default=6, help="operators listed per row (default: 6)")
+    parser.add_argument("--update_readme", action="store_true", help="also write the table into README.md between "
+                        "the markers of the --json file (default: off)")
     args = parser.parse_args(argv)
+    if args.update_readme and not args.json:
+        raise ConfigError("--update_readme writes the table of a --json file; give --json too")
+    if args.json:
+        check_output("--json", args.json, "file")  # before the counting, which takes minutes at full size
     torch.manual_seed(0)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.model_file:
-        ops = external(args.model_file, args)
-        print(f"{args.model_file}: {sum(ops.values())} kernels per forward + backward; {dict(ops.most_common(8))}")
+        what, ops = external(args.model_file, args)
+        print(f"{args.model_file}: {sum(ops.values())} kernels per {what}; {dict(ops.most_common(8))}")
         return
     rows = {}
     for name in model_names():
@@ -114,18 +133,22 @@ def main(argv=None):
                       "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
         del model
     base = rows["vanilla"]["train"]
-    print(f"eager kernels per training step (forward + backward) and per decode step; {args.n_layer} x "
-          f"{args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}")
-    print("| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |\n|---|--:|--:|--:|---|")
+    lines = [f"Eager kernels per training step (forward + backward, float32, CPU) and per decode step, "
+             f"{args.n_layer} x {args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}, "
+             f"torch {torch.__version__}:", "",
+             "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
     for name, r in rows.items():
         top = ", ".join(f"{n} {c}" for n, c in list(r["train_ops"].items())[:args.top])
-        print(f"| {name} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
+        lines.append(f"| {name} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
+    print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shape": {**{k: getattr(args, k) for k in SHAPE}, "batch_size": args.batch_size,
                                  "block_size": args.block_size, "torch": torch.__version__}, "models": rows}, f,
                       indent=1)
+        if args.update_readme:
+            update_readme("\n".join(lines) + "\n", args.json)
 
 
 if __name__ == "__main__":
-    main()
+    main_boundary(main)

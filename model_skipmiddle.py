@@ -328,9 +328,8 @@ class CausalSelfAttention(nn.Module):
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_dim = config.head_dim or config.n_embd // config.n_head
-        self.wq = nn.Linear(config.n_embd, config.n_head * self.head_dim, bias=config.bias)
-        self.wk = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
-        self.wv = nn.Linear(config.n_embd, config.n_kv_head * self.head_dim, bias=config.bias)
+        # q, k and v in one matmul: its output is H query heads, then H_kv key heads and H_kv value heads
+        self.wqkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * self.head_dim, bias=config.bias)
         self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
         # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
@@ -341,9 +340,8 @@ class CausalSelfAttention(nn.Module):
         """g (B, T): the new tokens' gates, None in the dense model. input_pos: their positions, (T,), or (B, T) for
         forward_skip's gathered tokens."""
         B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, H_kv, T, hd)
+        qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
+        q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), 1)    # (B, H, T, hd), 2 x (B, H_kv, T, hd)
         q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         if cache is None:  # training: the gate bias rides inside the keys, so plain causal SDPA adds it
             if g is not None:
@@ -434,10 +432,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in float32: under bf16 autocast the mean of squares loses too much precision
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
+        # x / sqrt(mean(x^2) + eps) in float32 (under bf16 autocast the mean of squares loses too much precision);
+        # F.rms_norm: one fused kernel each way where torch has one (CUDA), the same arithmetic elsewhere
+        return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x) * self.weight
 
 
 def rope_tables(head_dim, seq_len, theta, device):

@@ -108,3 +108,18 @@ def test_bench_decode_refuses_a_window_that_restarts():
     with pytest.raises(ConfigError, match="--block_size 32"):
         bench.main(["--size=small", "--block_size=32", "--decode", "--prompt_tokens=16", "--decode_tokens=16",
                     "--device=cpu"])
+
+
+def test_kernels_counts_every_model_file_and_vanilla_s_matmuls(tmp_path, capsys):
+    """kernels.py at a tiny shape: a row per model file, and vanilla's matmuls are what its layers make: per layer
+    five linears (the fused wqkv, wo, w1, w3, w2), each one matmul forward and two backward, and the head's three."""
+    import kernels
+    from conftest import model_names
+    path = tmp_path / "kernels.json"
+    kernels.main(["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--vocab_size=64",
+                  "--block_size=16", "--batch_size=2", "--json", str(path)])
+    counts = json.loads(path.read_text())["models"]
+    assert set(counts) == set(model_names())
+    assert counts["vanilla"]["train_ops"]["mm"] == 2 * 5 * 3 + 3
+    assert all(r["train"] > counts["vanilla"]["train"] * 0.9 and r["decode"] > 0 for r in counts.values())
+    assert "| vanilla | " in capsys.readouterr().out

@@ -106,6 +106,12 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
     idx = torch.randint(0, TINY["vocab_size"], (2, 24))
     assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
     assert all("module." not in k and "_orig_mod" not in k for k in torch.load(path)["model"])
+    # a checkpoint written before q, k and v were one matmul (attn.wq, wk, wv) loads, joined, to the same logits
+    older = {k: t.clone() for k, t in common.split_qkv(model.state_dict(), model.config).items()}
+    assert any(k.endswith("attn.wk.weight") for k in older) and not any("wqkv" in k for k in older)
+    train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": older})
+    loaded, _, _ = common.model_from_checkpoint(path)
+    assert torch.equal(model(idx)[0], loaded.eval()(idx)[0])
 
 
 # ---- through train.py: resume and DDP (default config of each model) -------------------------------------

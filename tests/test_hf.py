@@ -112,8 +112,9 @@ def test_logits_gradients_and_greedy_tokens_match_transformers(arch, hf_models, 
     ref_loss.backward()
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     theirs = dict(ref.named_parameters())
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, theirs[hf.to_hf_name(name)].grad, rtol=1e-4, atol=1e-5)
+    grads = common.split_qkv({name: p.grad for name, p in ours.named_parameters()}, ours.config)  # q_proj, ...
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, theirs[hf.to_hf_name(name)].grad, rtol=1e-4, atol=1e-5)
     ref.zero_grad(set_to_none=True)
     # greedy decoding: ours with its key/value cache, theirs with their cache
     prompt = x[:, :8]

@@ -21,6 +21,7 @@ OUTPUTS = {
     "eval.py": [("plot_path", "file")],
     "export.py": [("to", "folder")],
     "sweep.py": [("results", "folder"), ("runs_dir", "folder")],
+    "kernels.py": [("json", "file")],
 }
 UNWRITABLE = "/sys/outputs-test"  # sysfs takes no new file, also for root (a chmod'ed folder would not stop root)
 

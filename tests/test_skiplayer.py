@@ -14,7 +14,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model_skiplayer as sla  # noqa: E402
 import model_vanilla as vanilla  # noqa: E402
-from common import make_config  # noqa: E402
+from common import make_config, qkv_rows  # noqa: E402
 from generate import generate  # noqa: E402
 
 SHAPE = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
@@ -134,7 +134,8 @@ def test_perturbing_a_key_projection_changes_exactly_the_heads_that_read_it(name
     cfg, idx = model.config, tokens()
     pinned, clean = run_capturing(model, idx)
     for j in range(cfg.n_layer):
-        wk = model.blocks[j].attn.wk.weight
+        q_rows, k_rows, _ = qkv_rows(cfg)
+        wk = model.blocks[j].attn.wqkv.weight.detach()[q_rows:q_rows + k_rows]  # the rows of wqkv that are wk
         saved = wk.detach().clone()
         with torch.no_grad():
             wk.add_(0.5 * torch.randn_like(wk))
@@ -168,12 +169,13 @@ def test_skip_heads_attend_over_the_source_layer_at_every_position(name, overrid
         c, s = cos[:, None], sin[:, None]
         return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
 
-    def project(linear, l, n):  # layer l's projection of its attention input: (B, T, n, hd) in float64
-        return (inputs[l].double() @ linear.weight.double().T).view(2, T, n, hd)
+    def project(l, which, n):  # layer l's q, k or v (0, 1, 2) of its attention input: (B, T, n, hd) in float64
+        weight = model.blocks[l].attn.wqkv.weight.split(qkv_rows(cfg))[which]
+        return (inputs[l].double() @ weight.double().T).view(2, T, n, hd)
 
-    q = [rope(project(b.attn.wq, l, H)) for l, b in enumerate(model.blocks)]
-    k = [rope(project(b.attn.wk, l, H_kv)) for l, b in enumerate(model.blocks)]
-    v = [project(b.attn.wv, l, H_kv) for l, b in enumerate(model.blocks)]
+    q = [rope(project(l, 0, H)) for l in range(cfg.n_layer)]
+    k = [rope(project(l, 1, H_kv)) for l in range(cfg.n_layer)]
+    v = [project(l, 2, H_kv) for l in range(cfg.n_layer)]
     causal = torch.ones(T, T, dtype=torch.bool).tril()
 
     def attend(l, h, src):  # (B, T, hd): query head h of layer l over kv head h // g of layer src

@@ -113,11 +113,16 @@ def test_all_gates_zero_skip_every_block():
 
 # ---- gated attention --------------------------------------------------------------------------------------
 
+def project(attn, x):
+    """q (B, H, T, hd), k and v (B, H_kv, T, hd) of CausalSelfAttention `attn` on x: the rows of its wqkv."""
+    B, T, _ = x.shape
+    qkv = attn.wqkv(x).view(B, T, -1, attn.head_dim).transpose(1, 2)
+    return qkv.split((attn.n_head, attn.n_kv_head, attn.n_kv_head), 1)
+
+
 def attention_probs(attn, x, cos, sin, mask):
     """Softmax probabilities (B, H, T, T) of CausalSelfAttention `attn` on x with an additive float mask."""
-    B, T, _ = x.shape
-    q = attn.wq(x).view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)
-    k = attn.wk(x).view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+    q, k, _ = project(attn, x)
     q, k = sm.apply_rope(q, cos, sin), sm.apply_rope(k, cos, sin)
     k = k.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
     return (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim) + mask).softmax(-1)
@@ -136,7 +141,7 @@ def direct_attention(attn, x, cos, sin, cache=None, input_pos=None, g=None):
     B, T, _ = x.shape
     if g is None:
         g = torch.ones(B, T, dtype=x.dtype)
-    v = attn.wv(x).view(B, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+    v = project(attn, x)[2]
     v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
     probs = attention_probs(attn, x, cos, sin, direct_mask(g.to(x.dtype), T, 0))
     return attn.wo((probs @ v).transpose(1, 2).reshape(B, T, -1))
@@ -242,7 +247,7 @@ def test_a_key_whose_gate_is_zero_gets_no_attention_and_the_per_query_form_would
     with torch.no_grad():
         probs = attention_probs(attn, x, cos, sin, direct_mask(g, T, 0))
         # the module really attends with these probabilities
-        v = attn.wv(x).view(2, T, attn.n_kv_head, attn.head_dim).transpose(1, 2)
+        v = project(attn, x)[2]
         v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
         expected = attn.wo((probs @ v).transpose(1, 2).reshape(2, T, -1))
         torch.testing.assert_close(attn(x, cos, sin, g=g), expected, rtol=1e-5, atol=1e-6)
