@@ -179,10 +179,16 @@ def tensor_shapes(path):
                       "safetensors: copy it again")
 
 
+def split_state(model):
+    """model's state_dict with each wqkv as the wq, wk and wv that q_proj, k_proj and v_proj are (views of its
+    rows: a copy into them writes the model's tensor)."""
+    return common.split_qkv(model.state_dict(), model.config)
+
+
 def shared_names(model):
     """{Hugging Face name: our name} of every parameter of model that a folder provides."""
     names = {}
-    for ours in common.split_qkv(model.state_dict(), model.config):
+    for ours in split_state(model):
         hf = to_hf_name(ours)
         if hf is not None and not (ours == "lm_head.weight" and model.config.tie_embeddings):
             names[hf] = ours
@@ -196,7 +202,7 @@ def check_weights(folder, model):
     shapes = {}  # of the tensors the index (or the one file) points to, where it points
     for path in sorted(set(files.values())):
         shapes.update({name: shape for name, shape in tensor_shapes(path).items() if files.get(name) == path})
-    want, ours = shared_names(model), common.split_qkv(model.state_dict(), model.config)
+    want, ours = shared_names(model), split_state(model)
     tied_head = model.config.tie_embeddings and "lm_head.weight" in shapes  # some tied folders keep a copy
     for name, shape in shapes.items():
         if name not in want and not (tied_head and name == "lm_head.weight"):
@@ -260,7 +266,7 @@ def load_weights(model, folder):
             raise HFError(str(e))
         return list(tensors)
     files = check_weights(folder, model)
-    st, want, ours = safetensors(), shared_names(model), common.split_qkv(model.state_dict(), model.config)
+    st, want, ours = safetensors(), shared_names(model), split_state(model)
     loaded = []
     for path in sorted(set(files.values())):
         with st.safe_open(path, framework="pt") as f:
@@ -417,7 +423,7 @@ def check_custom_weights(folder, model):
         shapes.update(tensor_shapes(path))
     want = {f"model.{k}": tuple(t.shape) for k, t in model.state_dict().items()}
     # a folder exported before q, k and v were one matmul has them apart (load_weights joins them)
-    split = {f"model.{k}": tuple(t.shape) for k, t in common.split_qkv(model.state_dict(), model.config).items()}
+    split = {f"model.{k}": tuple(t.shape) for k, t in split_state(model).items()}
     if shapes != want and shapes != split:
         wrong = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
         raise HFError(f"the weights in {folder} do not fit its config.json (first: {wrong[0]}); the weights and "
