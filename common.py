@@ -249,9 +249,13 @@ def parse_model_options(config_class, argv, doc):
     train_fields = {f.name for f in dataclasses.fields(config_class)}
     model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
     unknown = set(from_files) - train_fields - model_fields
-    if unknown:
-        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}; a preset sets "
-                          "options, and names starting with _ (and imports and functions) are its own helpers")
+    if unknown:  # named as on the command line: the closest option, or the model file that has it
+        known = ArgumentParser(add_help=False, model=early.model)
+        for name in sorted(train_fields | model_fields):
+            known.add_argument(f"--{name}")
+        hints = "".join(f"; {h}" for h in (known.hint(f"--{name}") for name in sorted(unknown)) if h)
+        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}{hints}; a preset "
+                          "sets options, and names starting with _ (and imports and functions) are its own helpers")
     for cls, names in ((config_class, train_fields), (module.GPTConfig, model_fields)):
         try:  # a preset's values are Python values: their types are checked here, not parsed by argparse
             check_config(cls, {k: v for k, v in from_files.items() if k in names})
@@ -623,7 +627,8 @@ def split_tokens(data_dir, dataset, split, meta):
 
 
 def open_split(data_dir, dataset, split, meta):
-    # a fresh memmap per call: numpy's memmap otherwise holds pages and leaks memory over long runs
+    """split.bin as a read-only memmap of meta's dtype (eval.py and the pre-run checks; train.py's Data keeps its
+    own pair open for the whole run)."""
     return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
 
 

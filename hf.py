@@ -252,7 +252,7 @@ def init_args(folder, module, model_args, explicit, meta):
 
 
 @torch.no_grad()
-def load_weights(model, folder):
+def load_folder(model, folder):
     """Copy the folder's tensors into model's shared parameters (in their dtype and device); every parameter the
     folder does not name keeps its value. Returns the names loaded (ours)."""
     if is_custom(folder):  # every tensor, the method's own included (and all finite)

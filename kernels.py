@@ -22,7 +22,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import ConfigError, check_output, load_model_module, main_boundary, model_names, update_readme
+from common import (ArgumentParser, ConfigError, check_output, load_model_module, main_boundary, model_names,
+                    update_readme)
 from generate import cache_for, decode_step, inference
 
 SHAPE = dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, ffn_hidden=3072, vocab_size=50304)  # GPT-2 small
@@ -98,8 +99,7 @@ def external(path, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in SHAPE.items():
         parser.add_argument(f"--{name}", type=int, default=default, help=f"(default: {default})")
     parser.add_argument("--batch_size", type=int, default=4, help="(default: 4)")

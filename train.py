@@ -446,7 +446,8 @@ def main(argv):
             signal.signal(s, handler)
         if lock is not None:
             lock.close()
-    if proc.world > 1:
+    if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 

@@ -136,7 +136,7 @@ def make_model(module, model_args, cfg, ckpt, device):
     model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
     if cfg.init_from and ckpt is None:
         try:
-            hf.load_weights(model, cfg.init_from)
+            hf.load_folder(model, cfg.init_from)
         except hf.HFError as e:
             raise ConfigError(str(e))
     return model

@@ -85,7 +85,7 @@ def damage_checkpoint(kind, good, path):
 
 
 def damage_data(kind, folder):
-    """The prepared data set, damaged as the issue lists: the same folder layout, one thing wrong."""
+    """The prepared data set, damaged in each way a user's copy can be: the same folder layout, one thing wrong."""
     meta = json.loads((folder / "meta.json").read_text())
     if kind == "odd_bytes":
         with open(folder / "train.bin", "ab") as f:

@@ -165,7 +165,7 @@ def start_from(name, folder, meta, **overrides):
     args = hf.init_args(folder, module, args, [], meta)
     torch.manual_seed(0)
     model = module.GPT(module.GPTConfig(**args))
-    hf.load_weights(model, folder)
+    hf.load_folder(model, folder)
     return model.eval()
 
 

@@ -96,3 +96,22 @@ def test_every_option_takes_any_value_safely(script, name, kind, base, world, tm
         assert checksums(world, cwd) == before, (value, lines[0])
         outcomes.append("refused")
     assert "refused" in outcomes or kind is str, outcomes  # every typed option refuses something
+
+
+EXACT = [  # (script, arguments, what the one line must say): no prefix of an option is taken for it
+    ("train.py", ["--max_iter", "10"], "did you mean --max_iters?"),
+    ("train.py", ["--n_layers", "4"], "did you mean --n_layer?"),
+    ("train.py", ["--model", "vanilla", "--va_lr", "0.1"], "--va_lr is an option of model_vertical.py"),
+    ("train.py", ["--model", "vertical", "--skip_heads", "2"], "--skip_heads is an option of model_skiplayer.py"),
+    ("train.py", ["{preset}"], "did you mean --n_layer?; --va_lr is an option of model_vertical.py"),
+    ("sample.py", ["--out_dri", "x"], "did you mean --out_dir?"),
+    ("kernels.py", ["--n_lay", "2"], "did you mean --n_layer?"),
+]
+
+
+@pytest.mark.parametrize("script,args,says", EXACT, ids=[f"{s}{' '.join(a)}" for s, a, _ in EXACT])
+def test_options_are_exact_and_a_wrong_one_names_the_right_one(script, args, says, tmp_path, capsys):
+    preset = tmp_path / "preset.py"
+    preset.write_text("n_layers = 4\nva_lr = 0.1\n")  # as on the command line, with the default model (vanilla)
+    code, out, err = run_script(script, [str(preset) if a == "{preset}" else a for a in args], capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1 and err.startswith("error:") and says in err, err

@@ -121,7 +121,8 @@ def test_offline_hub_is_one_clear_line(tmp_path):
 
 
 def test_fineweb_streams_fineweb_not_fineweb_edu(tmp_path):
-    """Seed 004's corpus: --dataset fineweb asks the hub for HuggingFaceFW/fineweb (offline here: one line)."""
+    """The corpus of "Learning to Skip the Middle Layers of Transformers" (Lawson, Aitchison): --dataset fineweb
+    asks the hub for HuggingFaceFW/fineweb (offline here: one line)."""
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     code, _, err = run("--dataset=fineweb", "--out_dir", tmp_path / "data", env=env)
     assert code == 1 and "Traceback" not in err, err

@@ -158,8 +158,8 @@ def test_model_on_the_command_line_overrides_a_recipes_model(tmp_path):
 
 
 def test_a_recipe_trains_through_train_py(data_dir, tmp_path):
-    """Seed 000's 50m recipe with skiplayer, shortened to one step on Shakespeare: its shape and the model file's
-    size defaults reach the checkpoint."""
+    """The Vertical Attention paper's 50m recipe with skiplayer, shortened to one step on Shakespeare: its shape
+    and the model file's size defaults reach the checkpoint."""
     out, threads = str(tmp_path / "run"), torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small runs faster on one thread than on several fighting over it
     try:

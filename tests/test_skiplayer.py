@@ -195,8 +195,8 @@ def test_skip_heads_attend_over_the_source_layer_at_every_position(name, overrid
 
 
 def test_ala_head_to_layer_mapping():
-    """Seed 000's ALA(-) with K=2: only the last layer changes; its head i reads layer L - 2i (1-indexed),
-    heads whose source would be below layer 1 read their own layer; the SLA skip is off."""
+    """The Vertical Attention paper's ALA(-) with K=2: only the last layer changes; its head i reads layer L - 2i
+    (1-indexed), heads whose source would be below layer 1 read their own layer; the SLA skip is off."""
     cfg = sla.GPTConfig(n_layer=12, n_head=12, n_kv_head=4, n_embd=96, ala_every=2, skip_heads=6, skip_layers=9)
     sources = cfg.head_sources()
     assert sources[:-1] == [[l] * 12 for l in range(11)]
