@@ -87,6 +87,52 @@ class GPTConfig:
         return sources
 
 
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
+        # q, k and v in one matmul: its output is H query heads, then H_kv key heads and H_kv value heads
+        self.wqkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        # which (layer, kv head) fills each head of the K,V this layer attends with
+        sources = config.head_sources()[layer_idx]  # layer read by each query head
+        g = self.n_head // self.n_kv_head
+        if all(sources[h] == sources[h - h % g] for h in range(self.n_head)):  # each GQA group reads one layer
+            self.kv_plan = tuple((sources[j * g], j) for j in range(self.n_kv_head))  # stay at H_kv heads
+        else:  # skip heads cut through a group: one K,V head per query head
+            self.kv_plan = tuple((sources[h], h // g) for h in range(self.n_head))
+        self.reads_other_layers = any(src != layer_idx for src in sources)
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None, layer_kv=None):
+        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own."""
+        B, T, C = x.shape
+        qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
+        q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), 1)    # (B, H, T, hd), 2 x (B, H_kv, T, hd)
+        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        if cache is not None:  # generation: write the new keys and values at input_pos, read the whole cache
+            k, v = cache.update(self.layer_idx, input_pos, k, v)                   # (B, H_kv, S, hd)
+        if layer_kv is not None:
+            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's, same positions)
+        if self.reads_other_layers:  # assemble whole heads from their layers: one SDPA call below still
+            k = torch.cat([layer_kv[src][0][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
+            v = torch.cat([layer_kv[src][1][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
+        if cache is None:  # training: plain causal attention, the flash kernel on CUDA
+            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=k.size(1) != self.n_head)
+        else:
+            y = cached_attention(q, k, v, attention_mask(input_pos, k.size(2)))    # (B, H, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
+        return self.wo(y)
+
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -168,52 +214,6 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, input_pos, layer_kv))
         x = x + self.drop(self.mlp(self.mlp_norm(x)))
         return x
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_dim = config.head_dim or config.n_embd // config.n_head
-        # q, k and v in one matmul: its output is H query heads, then H_kv key heads and H_kv value heads
-        self.wqkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * self.head_dim, bias=config.bias)
-        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
-        self.dropout = config.dropout
-        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
-        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
-        # which (layer, kv head) fills each head of the K,V this layer attends with
-        sources = config.head_sources()[layer_idx]  # layer read by each query head
-        g = self.n_head // self.n_kv_head
-        if all(sources[h] == sources[h - h % g] for h in range(self.n_head)):  # each GQA group reads one layer
-            self.kv_plan = tuple((sources[j * g], j) for j in range(self.n_kv_head))  # stay at H_kv heads
-        else:  # skip heads cut through a group: one K,V head per query head
-            self.kv_plan = tuple((sources[h], h // g) for h in range(self.n_head))
-        self.reads_other_layers = any(src != layer_idx for src in sources)
-
-    def forward(self, x, cos, sin, cache=None, input_pos=None, layer_kv=None):
-        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own."""
-        B, T, C = x.shape
-        qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
-        q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), 1)    # (B, H, T, hd), 2 x (B, H_kv, T, hd)
-        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
-        if cache is not None:  # generation: write the new keys and values at input_pos, read the whole cache
-            k, v = cache.update(self.layer_idx, input_pos, k, v)                   # (B, H_kv, S, hd)
-        if layer_kv is not None:
-            layer_kv.append((k, v))  # later layers' skip heads read these (with a cache: the cache's, same positions)
-        if self.reads_other_layers:  # assemble whole heads from their layers: one SDPA call below still
-            k = torch.cat([layer_kv[src][0][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
-            v = torch.cat([layer_kv[src][1][:, j:j + 1] for src, j in self.kv_plan], dim=1)  # (B, H or H_kv, Tk, hd)
-        if cache is None:  # training: plain causal attention, the flash kernel on CUDA
-            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
-                enable_gqa=k.size(1) != self.n_head)
-        else:
-            y = cached_attention(q, k, v, attention_mask(input_pos, k.size(2)))    # (B, H, T, hd)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
-        return self.wo(y)
 
 
 # ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----
