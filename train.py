@@ -438,6 +438,8 @@ def main(argv):
                     raise RunError(divergence_message("training loss", loss, iter_num, cfg, model_args, explicit,
                                                       saved_step))
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
+        if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
+            torch.distributed.barrier()
     except (KeyboardInterrupt, RuntimeError) as e:
         raise stopped(e, iter_num, saved_step, cfg, proc)
     finally:
@@ -446,8 +448,7 @@ def main(argv):
             signal.signal(s, handler)
         if lock is not None:
             lock.close()
-    if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
-        torch.distributed.barrier()
+    if proc.world > 1:
         torch.distributed.destroy_process_group()
 
 
