@@ -191,7 +191,8 @@ class ArgumentParser(argparse.ArgumentParser):
             if owners:
                 return (f"{name} is an option of {' and '.join(f'model_{m}.py' for m in owners)}, not of "
                         f"model_{self.model}.py: pass --model {owners[0]}, or drop {name}")
-        close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--")], 1)
+        close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--") and
+                                                 o != "--help"], 1, 0.75)
         return f"did you mean {close[0]}?" if close else ""
 
 
@@ -579,8 +580,11 @@ def prepare_hint(data_dir, dataset):
     out = "" if os.path.normpath(data_dir) == "data" else f" --out_dir {shlex.quote(data_dir)}"
     if dataset in DATASETS:
         return f"run `python prepare.py --dataset {dataset}{out}` first"
-    prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ())
-                if os.path.isfile(os.path.join(data_dir, d, "meta.json"))]
+    if os.path.basename(dataset) != dataset or dataset in ("", ".", ".."):
+        return (f"--dataset names one folder inside --data_dir, without / or .. (prepare.py makes "
+                f"{', '.join(DATASETS)}, or one of your own with --files and --name)")
+    prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ()) if d != dataset and all(
+        os.path.isfile(os.path.join(data_dir, d, f)) for f in ("meta.json", "train.bin", "val.bin"))]
     close = difflib.get_close_matches(dataset, [*prepared, *DATASETS], 1, 0.6)
     if close and close[0] in prepared:
         return f"did you mean --dataset {close[0]}? ({data_dir} holds it)"
@@ -670,8 +674,12 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model")):
         raise ConfigError(f"the checkpoint {path} is a folder, not a file; move it away, or pass the run folder "
                           "that holds train.py's ckpt.pt")
     if not os.path.isfile(path):
-        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir "
-                          f"{os.path.dirname(path) or '.'}`")
+        folder = os.path.dirname(path) or "."
+        if os.path.basename(path) != "ckpt.pt":  # a .pt file of the user's own: train.py would write ckpt.pt
+            there = os.path.isfile(os.path.join(folder, "ckpt.pt"))
+            raise ConfigError(f"no checkpoint at {path}; pass an existing .pt file or a run folder"
+                              f"{f' (perhaps --out_dir {shlex.quote(folder)}, which holds ckpt.pt)' if there else ''}")
+        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir {shlex.quote(folder)}`")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch.load's errors differ by damage: zip reader, unpickler, EOF

@@ -32,6 +32,7 @@ Every mistake is an HFError with a one-line message; train.py and export.py rais
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import sys
 
@@ -505,7 +506,9 @@ def check_tokenizer(folder, vocab_size, meta):
     returned."""
     data_tok = meta["tokenizer"]
     mine = os.path.join(folder, "tokenizer.json")
-    redo = f"prepare the data with `python prepare.py --tokenizer hf:{folder} ...` and pass that --dataset"
+    redo = (f"prepare the data with `python prepare.py --tokenizer {shlex.quote('hf:' + folder)} ...` and pass that "
+            "--dataset" if os.path.isfile(mine) else "pass a --dataset prepared with the tokenizer the folder's model "
+            "was trained with (the folder has no tokenizer.json to prepare one with)")
     same = None  # None: it cannot be told
     if os.path.isfile(mine) and data_tok.startswith("hf:"):
         same = same_tokenizer(os.path.join(data_tok[3:], "tokenizer.json"), mine)

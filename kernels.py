@@ -125,7 +125,11 @@ def main(argv=None):
     rows = {}
     for name in model_names():
         module = load_model_module(name)
-        config = module.GPTConfig(**{k: getattr(args, k) for k in SHAPE}, block_size=args.block_size)
+        try:  # a shape a model file refuses (attnres: n_layer a multiple of its blocks) is one line
+            config = module.GPTConfig(**{k: getattr(args, k) for k in SHAPE}, block_size=args.block_size)
+        except ValueError as e:
+            raise ConfigError(f"model_{name}.py does not take this shape ({e}); kernels.py counts every model file at "
+                              "one shape: choose one that each takes, such as the default (GPT-2 small's)")
         model = module.GPT(config)
         train = training_step(model, args.batch_size, args.block_size, args.vocab_size)
         step = decode(model, args.block_size, args.vocab_size)

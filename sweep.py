@@ -354,8 +354,9 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
             train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}",
                         *(["--resume"] if steps else [])])
         except Interrupted as e:
-            raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; every finished run is in "
-                              "results.json and this one's checkpoint is kept: run the same command again to go on")
+            raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; the runs that finished are in "
+                              "results.json, and this one goes on from its checkpoint, if it saved one: run the same "
+                              "command again to go on")
     seconds = time.time() - t0
     model, _, ckpt = model_from_checkpoint(out_dir, device)
     model.eval()

@@ -416,7 +416,7 @@ def main(argv):
                 val_loss = evaluate(eval_model, data, cfg, T, proc)
                 if not math.isfinite(val_loss):
                     raise RunError(divergence_message("validation loss", val_loss, iter_num, cfg, model_args,
-                                                      explicit, saved_step))
+                                                      explicit, saved_step, proc.dtype))
                 best_val = min(best_val, val_loss)
                 stats = model_stats(raw_model, data, cfg, T, proc)  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
@@ -436,7 +436,7 @@ def main(argv):
                 loss = step_loss.item()
                 if not math.isfinite(loss):
                     raise RunError(divergence_message("training loss", loss, iter_num, cfg, model_args, explicit,
-                                                      saved_step))
+                                                      saved_step, proc.dtype))
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
         if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
             torch.distributed.barrier()

@@ -8,6 +8,7 @@ Library code for train.py: run `python train.py --help`.
 import dataclasses
 import math
 import os
+import shlex
 import signal
 import sys
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ def read_run(cfg, model_args, module, explicit, meta):
         raise ConfigError(f"--resume found no checkpoint at {path}; drop --resume to start a new run")
     ckpt = read_checkpoint(path, ("model_name", "model_args", "model", "optimizer", "iter_num", "best_val_loss",
                                   "rng", "meta"))
+    if ckpt["iter_num"] > cfg.max_iters:
+        raise ConfigError(f"the run in {cfg.out_dir} is at step {ckpt['iter_num']}, past --max_iters {cfg.max_iters}: "
+                          f"nothing to train; pass --max_iters above {ckpt['iter_num']} to go on")
     check_resume(cfg, model_args, explicit, ckpt, meta, path)
     return ckpt, ckpt["model_args"]  # the architecture is the checkpoint's
 
@@ -107,10 +111,12 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
                           f"{', '.join(differ)}; drop them, or start a new run in another --out_dir")
     trained = ckpt["meta"]
     if (trained["tokenizer"], trained["vocab_size"]) != (meta["tokenizer"], meta["vocab_size"]):
+        was = ckpt.get("train_config", {})
+        where = f" --data_dir {shlex.quote(was['data_dir'])}" if was.get("data_dir", cfg.data_dir) != cfg.data_dir else ""
         raise ConfigError(f"{path} was trained on data of the {trained['tokenizer']} tokenizer (vocab "
                           f"{trained['vocab_size']}) but {os.path.join(cfg.data_dir, cfg.dataset)} uses "
                           f"{meta['tokenizer']} (vocab {meta['vocab_size']}); pass the --dataset it was trained on "
-                          f"({ckpt.get('train_config', {}).get('dataset', '?')}) or one prepared with "
+                          f"(--dataset {shlex.quote(was.get('dataset', '?'))}{where}) or one prepared with "
                           f"--tokenizer {trained['tokenizer']}")
 
 
@@ -119,8 +125,10 @@ def check_splits(data_dir, dataset, meta, block_size, vocab_size):
     for split in ("train", "val"):
         n = split_tokens(data_dir, dataset, split, meta)
         if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
+            fix = (f"lower --block_size to {n - 2} or less, or prepare more data" if n >= 3 else
+                   "prepare more text (prepare.py --val_fraction sets the validation split's share)")
             raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
-                              f"{block_size}; lower --block_size to {max(1, n - 2)} or less, or prepare more data")
+                              f"{block_size}; {fix}")
         data = open_split(data_dir, dataset, split, meta)
         stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
         top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
@@ -184,20 +192,21 @@ def check_first_batch(raw_model, cfg, model_args, explicit, batch, iter_num, pro
                        "lower --batch_size")
     if not math.isfinite(loss.item()):
         raise RunError(divergence_message("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
-                                          None))
+                                          None, proc.dtype))
     raw_model.train()
 
 
-def divergence_message(what, value, step, cfg, model_args, explicit, saved_step):
-    """The one line of a non-finite loss: what to check (the options this run set), and what is kept."""
+def divergence_message(what, value, step, cfg, model_args, explicit, saved_step, dtype):
+    """The one line of a non-finite loss: what to check (the options this run set; float32, where the run computed in
+    another dtype), and what is kept."""
     values = {**dataclasses.asdict(cfg), **model_args}
     changed = [f"--{k} {values[k]}" for k in sorted(explicit) if k in values and k not in
                ("out_dir", "data_dir", "dataset", "max_iters", "resume", "device", "eval_interval", "log_interval")]
     kept = (f"the checkpoint of step {saved_step} in {cfg.out_dir} is kept" if saved_step is not None
             else "no checkpoint was written")
     return (f"the {what} is {value} at step {step}: training diverged; check the options of this run "
-            f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of range) "
-            f"or use --dtype float32; {kept}")
+            f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of range)"
+            f"{'' if dtype == 'float32' else ' or use --dtype float32'}; {kept}")
 
 
 def catch_stop_signals():
@@ -223,13 +232,14 @@ def lost_peer(error):
 def stopped(error, iter_num, saved_step, cfg, proc):
     """The one-line error of a run stopped by Ctrl-C or SIGTERM, or by another process of the run that is gone
     (gloo: connection closed; NCCL: aborted); any other error as it is."""
-    kept = f"the checkpoint of step {saved_step} is kept" if saved_step is not None else "no checkpoint was written"
+    kept, again = ((f"the checkpoint of step {saved_step} is kept", "continue with --resume") if saved_step is not None
+                   else ("no checkpoint was written", "run the same command again"))
     if isinstance(error, KeyboardInterrupt):
-        return Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; continue with --resume")
+        return Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; {again}")
     if proc.world == 1 or not lost_peer(error):
         return error
-    return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; continue "
-                    "with --resume once every process can run")
+    return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; {again} "
+                    "once every process can run")
 
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run

@@ -141,6 +141,88 @@ def test_a_file_given_as_the_run_folder_names_no_command_that_cannot_work(sandbo
     assert code == 1 and "is a file, not a run folder" in out and "`" not in out
 
 
+def test_a_path_with_a_space_is_quoted_in_the_command(sandbox):
+    code, out = run("python sample.py --out_dir 'my runs/x'", sandbox)
+    command = hint(out)
+    assert code == 1 and command == "python train.py --out_dir 'my runs/x'"
+    code, out = run(f"{command} {' '.join(FAST)}", sandbox)
+    assert code == 0, out
+    code, out = run("python sample.py --out_dir 'my runs/x' --num_samples 1 --max_new_tokens 4", sandbox)
+    assert code == 0, out
+
+
+def test_a_checkpoint_file_of_another_name_is_not_sent_to_train_py(sandbox):
+    """train.py writes ckpt.pt, so a missing best.pt gets no train.py command (it would not make best.pt); where the
+    folder holds a ckpt.pt, the folder is named, and passing it works."""
+    code, out = run("python sample.py --out_dir runs/x/best.pt", sandbox)
+    assert code == 1 and "`" not in out and "pass an existing .pt file or a run folder" in out, out
+    code, out = run(f"python train.py --out_dir runs/x {' '.join(FAST)}", sandbox)
+    assert code == 0, out
+    code, out = run("python sample.py --out_dir runs/x/best.pt", sandbox)
+    assert code == 1 and "perhaps --out_dir runs/x," in out, out
+    code, out = run("python sample.py --out_dir runs/x --num_samples 1 --max_new_tokens 4", sandbox)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "."])
+def test_a_data_set_name_that_is_no_folder_name_gets_no_command_prepare_refuses(name, sandbox):
+    code, out = run(f"python train.py --dataset {shlex.quote(name)}", sandbox)
+    assert code == 1 and "`" not in out and "names one folder inside --data_dir" in out, out
+
+
+def test_a_half_prepared_data_set_is_not_suggested_as_itself(sandbox, tmp_path_factory):
+    data = tmp_path_factory.mktemp("half")
+    (data / "broken").mkdir()
+    (data / "broken" / "meta.json").write_text((sandbox / "data" / "shakespeare" / "meta.json").read_text())
+    code, out = run(f"python train.py --dataset broken --data_dir {data}", sandbox)
+    assert code == 1 and "did you mean" not in out, out
+    command = hint(out)
+    assert command == f"python prepare.py --files FILE ... --name broken --out_dir {data}"
+    (sandbox / "notes.txt").write_text("ROMEO: a line of my own.\n" * 400)
+    code, out = run(command.replace("FILE ...", "notes.txt"), sandbox)
+    assert code == 0, out
+    code, out = run(f"python train.py --dataset broken --data_dir {data} --out_dir run {' '.join(FAST)}", sandbox)
+    assert code == 0, out
+
+
+def test_a_split_too_small_for_any_block_size_asks_for_more_text(sandbox, tmp_path_factory):
+    data = tmp_path_factory.mktemp("tiny")
+    (sandbox / "tiny.txt").write_text("ROMEO: too short.\n" * 5)
+    code, out = run(f"python prepare.py --files tiny.txt --out_dir {data}", sandbox)
+    assert code == 0, out
+    code, out = run(f"python train.py --data_dir {data} --dataset tiny --block_size 32", sandbox)
+    assert code == 1 and "lower --block_size" not in out and "prepare more text" in out, out
+
+
+@pytest.mark.parametrize("script", ["sample.py", "eval.py", "export.py", "sweep.py", "bench.py"])
+def test_an_unknown_option_gets_no_unrelated_did_you_mean(script, capsys):
+    code, _, err = run_script(script, ["--model", "vanilla"], capsys)
+    assert code == 1 and "did you mean" not in err, err
+
+
+def test_a_run_resumed_past_max_iters_says_so(sandbox):
+    code, out = run(f"python train.py --out_dir run {' '.join(FAST)}", sandbox)
+    assert code == 0, out
+    code, out = run("python train.py --out_dir run --resume --max_iters 1", sandbox)
+    assert code == 1 and "at step 2, past --max_iters 1" in out, out
+    code, out = run("python train.py --out_dir run --resume --max_iters 3", sandbox)  # as the line says
+    assert code == 0, out
+
+
+def test_the_stop_and_divergence_lines_name_only_what_helps():
+    """--resume only where a checkpoint was written; --dtype float32 only where the run computed in another dtype."""
+    import types
+    from train_setup import divergence_message, stopped
+    cfg, proc = types.SimpleNamespace(out_dir="run"), types.SimpleNamespace(world=1)
+    assert "continue with --resume" in str(stopped(KeyboardInterrupt(), 3, 2, cfg, proc))
+    unsaved = str(stopped(KeyboardInterrupt(), 3, None, cfg, proc))
+    assert "--resume" not in unsaved and "run the same command again" in unsaved
+    import train
+    cfg = train.parse_args(["--out_dir", "run"])[0]
+    assert "--dtype float32" in divergence_message("loss", float("nan"), 1, cfg, {}, set(), None, "bfloat16")
+    assert "--dtype float32" not in divergence_message("loss", float("nan"), 1, cfg, {}, set(), None, "float32")
+
+
 @pytest.mark.parametrize("module", ["common.py", "generate.py", "hf.py", "train_setup.py", "model_vanilla.py",
                                     "model_vertical.py"])
 def test_a_library_module_run_as_a_script_says_which_script_to_run(module, sandbox):
