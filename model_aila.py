@@ -85,9 +85,10 @@ class LayerAttention(nn.Module):
         q = self.wq(h).view(B, T, H, dk)                                                   # (B, T, H, dk)
         # q . (W_K h_i) = (W_K^T q) . h_i: one product with W_K per layer, not one per source
         qk = torch.einsum("bthk,hkd->bthd", q, self.wk.weight.view(H, dk, C)) / math.sqrt(dk)  # (B, T, H, d)
-        e = torch.stack([torch.einsum("bthd,btd->bth", qk, s) for s in sources], dim=-1)  # (B, T, H, j)
+        src = torch.stack(sources, dim=2)  # (B, T, j, d): one batched product per layer, not one per source
+        e = torch.einsum("bthd,btjd->bthj", qk, src)                                       # (B, T, H, j)
         alpha = e.softmax(dim=-1)                                                          # (B, T, H, j)
-        mix = sum(alpha[..., i, None] * s[:, :, None, :] for i, s in enumerate(sources))   # (B, T, H, d)
+        mix = torch.einsum("bthj,btjd->bthd", alpha, src)                                  # (B, T, H, d)
         # sum_i alpha_i (W_V h_i + b) = W_V (sum_i alpha_i h_i) + b, since the alphas sum to 1
         v = torch.einsum("bthd,hkd->bthk", mix, self.wv.weight.view(H, dk, C)).reshape(B, T, H * dk)
         if self.wv.bias is not None:
