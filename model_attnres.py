@@ -104,13 +104,13 @@ class AttnRes(nn.Module):
         Returns the mix h (B, T, d) and its weights a (B, T, S)."""
         # w . RMSNorm(v) = w . (g * v / rms(v)) = (g * w) . (v / rms(v)): no normalised key is stored per mix
         gw = (self.key_weight * self.query).to(normed[0].dtype)
-        # over the stacked sources, one product and one sum each (not a chain of kernels per source); multiplies
-        # and sums, not matmuls, so that autocast keeps them in float32
-        logits = (torch.stack(normed, dim=-2) * gw).sum(-1)  # (B, T, S, d) -> (B, T, S), float32 at least
+        logits = torch.stack([torch.linalg.vecdot(n, gw) for n in normed], dim=-1)  # (B, T, S), float32 at least
         if self.recency_bias is not None:  # the sources come in order: the last is the most recent
             logits = torch.cat((logits[..., :-1], logits[..., -1:] + self.recency_bias), dim=-1)
         a = logits.softmax(dim=-1)  # (B, T, S): over sources, per token
-        h = (a.unsqueeze(-1) * torch.stack(values, dim=-2)).sum(-2)  # (B, T, S, d) -> (B, T, d)
+        h = a[..., 0, None] * values[0]
+        for i in range(1, len(values)):
+            h = torch.addcmul(h, a[..., i, None], values[i])  # the weighted sum, one fused multiply-add per source
         return h.type_as(values[0]), a
 
 

@@ -74,9 +74,10 @@ def vertical_mix(sources, inv_norms, alpha):
     sources: l tensors (B, T, d); inv_norms: their inverse_norm, l tensors (B, T, 1); alpha: (l,) softmax weights."""
     w = alpha * torch.cat(inv_norms, dim=-1)  # (B, T, l)
     w = w / w.sum(-1, keepdim=True)  # alpha~ (eq. 3)
-    # one product and one sum over the stacked sources (eq. 4), not a chain of l kernels per block: without
-    # torch.compile every kernel is a launch; a multiply and a sum, not a matmul, so that autocast keeps float32
-    return (torch.stack(sources, -1) * w.unsqueeze(-2)).sum(-1).type_as(sources[-1])  # (B, T, d, l) -> (B, T, d)
+    v = sources[0] * w[..., :1]
+    for i in range(1, len(sources)):  # over sources, never over tokens; torch.compile fuses it into one kernel
+        v = torch.addcmul(v, sources[i], w[..., i:i + 1])
+    return v.type_as(sources[-1])
 
 
 def fixed_map(kind, n_layer):
