@@ -273,7 +273,7 @@ class CausalSelfAttention(nn.Module):
         # q, k and v in one matmul: its output is H query heads, then H_kv key heads and H_kv value heads
         self.wqkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * self.head_dim, bias=config.bias)
         self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
-        self.dropout = config.dropout
+        self.dropout, self.qk_norm = config.dropout, config.qk_norm
         # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
@@ -282,7 +282,9 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
         q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), 1)    # (B, H, T, hd), 2 x (B, H_kv, T, hd)
-        q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        # RoPE rotates the q and k heads in one go: side by side in qkv (Qwen3's QK-norm first, each with its weight)
+        qk = torch.cat((self.q_norm(q), self.k_norm(k)), 1) if self.qk_norm else qkv[:, :self.n_head + self.n_kv_head]
+        q, k = apply_rope(qk, cos, sin).split((self.n_head, self.n_kv_head), 1)  # (B, H, T, hd), (B, H_kv, T, hd)
         if cache is None:  # training: plain causal attention, the flash kernel on CUDA
             y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
                 q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
