@@ -249,14 +249,6 @@ def parse_model_options(config_class, argv, doc):
     module = load_model_module(early.model)
     train_fields = {f.name for f in dataclasses.fields(config_class)}
     model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
-    unknown = set(from_files) - train_fields - model_fields
-    if unknown:  # named as on the command line: the closest option, or the model file that has it
-        known = ArgumentParser(add_help=False, model=early.model)
-        for name in sorted(train_fields | model_fields):
-            known.add_argument(f"--{name}")
-        hints = "".join(f"; {h}" for h in (known.hint(f"--{name}") for name in sorted(unknown)) if h)
-        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(sorted(unknown))}{hints}; a preset "
-                          "sets options, and names starting with _ (and imports and functions) are its own helpers")
     for cls, names in ((config_class, train_fields), (module.GPTConfig, model_fields)):
         try:  # a preset's values are Python values: their types are checked here, not parsed by argparse
             check_config(cls, {k: v for k, v in from_files.items() if k in names})
@@ -270,6 +262,11 @@ def parse_model_options(config_class, argv, doc):
     except ConfigError:
         data_vocab = {}
     add_options(parser, module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
+    unknown = sorted(set(from_files) - train_fields - model_fields)
+    if unknown:  # named as on the command line: the closest option, or the model file that has it
+        hints = "".join(f"; {h}" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
+        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(unknown)}{hints}; a preset "
+                          "sets options, and names starting with _ (and imports and functions) are its own helpers")
     args = vars(parser.parse_args(rest))
     explicit = set(from_files) | explicit_options(rest)
     if args["size"] in SIZES:  # the preset fills the shape fields nobody set, and the model file's own settings

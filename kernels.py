@@ -22,8 +22,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import (ArgumentParser, ConfigError, check_output, load_model_module, main_boundary, model_names,
-                    update_readme)
+from common import (ArgumentParser, ConfigError, build_model, check_output, load_model_module, main_boundary,
+                    model_names, update_readme)
 from generate import cache_for, decode_step, inference
 
 SHAPE = dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, ffn_hidden=3072, vocab_size=50304)  # GPT-2 small
@@ -125,12 +125,8 @@ def main(argv=None):
     rows = {}
     for name in model_names():
         module = load_model_module(name)
-        try:  # a shape a model file refuses (attnres: n_layer a multiple of its blocks) is one line
-            config = module.GPTConfig(**{k: getattr(args, k) for k in SHAPE}, block_size=args.block_size)
-        except ValueError as e:
-            raise ConfigError(f"model_{name}.py does not take this shape ({e}); kernels.py counts every model file at "
-                              "one shape: choose one that each takes, such as the default (GPT-2 small's)")
-        model = module.GPT(config)
+        model = build_model(module, {**{k: getattr(args, k) for k in SHAPE}, "block_size": args.block_size},
+                            "the shape options: choose a shape every model file takes, such as the default")
         train = training_step(model, args.batch_size, args.block_size, args.vocab_size)
         step = decode(model, args.block_size, args.vocab_size)
         rows[name] = {"train": sum(train.values()), "decode": sum(step.values()),
