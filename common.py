@@ -701,26 +701,40 @@ def qkv_rows(config):
     return a["n_head"] * head_dim, a["n_kv_head"] * head_dim, a["n_kv_head"] * head_dim
 
 
-def split_qkv(state, config):
-    """state with each attention's wqkv (weight and bias) as the three projections wq, wk and wv that Llama's and
-    Qwen3's q_proj, k_proj and v_proj are: views of its rows, so that a copy into them writes the fused tensor."""
+FUSED = {"attn.wqkv": ("wq", "wk", "wv"), "mlp.w13": ("w1", "w3")}  # one matmul each, in that order of rows
+
+
+def separate(name, config):
+    """(names, rows) of the separate projections that the fused weight or bias `name` stacks: an attention's wqkv
+    is Llama's wq, wk and wv (q_proj, k_proj, v_proj), an MLP's w13 its w1 and w3 (gate_proj, up_proj); else
+    (None, None)."""
+    linear, _, kind = name.rpartition(".")  # blocks.0.attn.wqkv, weight
+    for fused, parts in FUSED.items():
+        if linear == fused or linear.endswith("." + fused):
+            base = linear[:-len(fused.split(".")[1])]  # blocks.0.attn.
+            a = config if isinstance(config, dict) else vars(config)  # model_args or a GPTConfig
+            rows = qkv_rows(a) if fused == "attn.wqkv" else (a["ffn_hidden"],) * 2
+            return [f"{base}{part}.{kind}" for part in parts], rows
+    return None, None
+
+
+def split_fused(state, config):
+    """state with each fused wqkv and w13 as the separate projections Llama and Qwen3 have: views of its rows, so
+    that a copy into them writes the fused tensor."""
     out = {}
     for name, t in state.items():
-        if m := re.fullmatch(r"(.*\battn\.)wqkv\.(weight|bias)", name):
-            out.update({f"{m[1]}{w}.{m[2]}": part for w, part in zip(("wq", "wk", "wv"), t.split(qkv_rows(config)))})
-        else:
-            out[name] = t
+        names, rows = separate(name, config)
+        out.update(zip(names, t.split(rows)) if names else [(name, t)])
     return out
 
 
-def join_qkv(state, model):
-    """A checkpoint written before q, k and v were one matmul: its attention's wq, wk and wv joined into the wqkv
-    that model has (the same numbers, so the same logits and the same greedy text)."""
-    want = model.state_dict()
-    for name in [n for n in state if re.fullmatch(r".*\battn\.wq\.(weight|bias)", n)]:
-        fused = name.replace(".wq.", ".wqkv.")
-        if fused in want and fused not in state:
-            state[fused] = torch.cat([state.pop(name.replace(".wq.", f".{w}.")) for w in ("wq", "wk", "wv")])
+def join_fused(state, model):
+    """A checkpoint written before q, k and v (or w1 and w3) were one matmul: its separate projections joined into
+    the wqkv and w13 that model has (the same numbers, so the same logits and the same greedy text)."""
+    for name in model.state_dict():
+        names, _ = separate(name, model.config)
+        if names and name not in state and all(n in state for n in names):
+            state[name] = torch.cat([state.pop(n) for n in names])
     return state
 
 
@@ -729,7 +743,7 @@ def load_weights(model, state, model_name, path):
     if not isinstance(state, dict) or not all(torch.is_tensor(t) for t in state.values()):
         raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train "
                           "again")
-    state = join_qkv(dict(state), model)
+    state = join_fused(dict(state), model)
     bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if bad is not None:
         raise ConfigError(f"the weights in {path} hold NaN or infinity ({bad}); restore it from a copy or train again")

@@ -15,10 +15,10 @@ model_vanilla.py's, which computes what LlamaForCausalLM and Qwen3ForCausalLM co
     ours                              Hugging Face
     tok_emb                           model.embed_tokens
     blocks.i.attn_norm                model.layers.i.input_layernorm
-    blocks.i.attn.wqkv (q, k, v) wo   model.layers.i.self_attn.q_proj k_proj v_proj o_proj  (split_qkv)
+    blocks.i.attn.wqkv (q, k, v) wo   model.layers.i.self_attn.q_proj k_proj v_proj o_proj  (common.split_fused)
     blocks.i.attn.q_norm k_norm       model.layers.i.self_attn.q_norm k_norm            (Qwen3: qk_norm)
     blocks.i.mlp_norm                 model.layers.i.post_attention_layernorm
-    blocks.i.mlp.w1 w3 w2             model.layers.i.mlp.gate_proj up_proj down_proj
+    blocks.i.mlp.w13 (w1, w3) w2      model.layers.i.mlp.gate_proj up_proj down_proj   (common.split_fused)
     norm, lm_head                     model.norm, lm_head  (no lm_head in the folder with tied embeddings)
 config.json gives the architecture: hidden_size -> n_embd, num_hidden_layers -> n_layer, num_attention_heads ->
 n_head, num_key_value_heads -> n_kv_head, head_dim, intermediate_size -> ffn_hidden, rope_theta, rms_norm_eps ->
@@ -181,9 +181,9 @@ def tensor_shapes(path):
 
 
 def split_state(model):
-    """model's state_dict with each wqkv as the wq, wk and wv that q_proj, k_proj and v_proj are (views of its
-    rows: a copy into them writes the model's tensor)."""
-    return common.split_qkv(model.state_dict(), model.config)
+    """model's state_dict with each wqkv as the wq, wk and wv that q_proj, k_proj and v_proj are, and each w13 as
+    the w1 and w3 that gate_proj and up_proj are (views of its rows: a copy into them writes the model's tensor)."""
+    return common.split_fused(model.state_dict(), model.config)
 
 
 def shared_names(model):
@@ -312,7 +312,7 @@ def to_hf_state(state, model_args):
     """vanilla's state_dict -> {Hugging Face name: tensor}; tied embeddings are stored once, as save_pretrained
     stores them."""
     out = {}
-    for ours, tensor in common.split_qkv(state, model_args).items():
+    for ours, tensor in common.split_fused(state, model_args).items():
         if ours == "lm_head.weight" and model_args["tie_embeddings"]:
             continue
         hf = to_hf_name(ours)
@@ -422,10 +422,13 @@ def check_custom_weights(folder, model):
     shapes = {}
     for path in sorted(set(files.values())):
         shapes.update(tensor_shapes(path))
-    want = {f"model.{k}": tuple(t.shape) for k, t in model.state_dict().items()}
-    # a folder exported before q, k and v were one matmul has them apart (load_weights joins them)
-    split = {f"model.{k}": tuple(t.shape) for k, t in split_state(model).items()}
-    if shapes != want and shapes != split:
+    split = {k: tuple(t.shape) for k, t in split_state(model).items()}
+    want = {}  # a folder exported before q, k and v (or w1 and w3) were one matmul has them apart: load_weights joins
+    for name, t in model.state_dict().items():
+        names, _ = common.separate(name, model.config)
+        apart = names and f"model.{name}" not in shapes
+        want.update({f"model.{n}": split[n] for n in names} if apart else {f"model.{name}": tuple(t.shape)})
+    if shapes != want:
         wrong = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
         raise HFError(f"the weights in {folder} do not fit its config.json (first: {wrong[0]}); the weights and "
                       "config.json do not belong together: export the run again")

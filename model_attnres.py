@@ -281,9 +281,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cos, sin, cache=None, input_pos=None):
         B, T, C = x.shape
         qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
-        q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), 1)    # (B, H, T, hd), 2 x (B, H_kv, T, hd)
-        # RoPE rotates the q and k heads in one go: side by side in qkv (Qwen3's QK-norm first, each with its weight)
-        qk = torch.cat((self.q_norm(q), self.k_norm(k)), 1) if self.qk_norm else qkv[:, :self.n_head + self.n_kv_head]
+        qk, v = qkv.split((self.n_head + self.n_kv_head, self.n_kv_head), 1)  # (B, H + H_kv, T, hd), (B, H_kv, T, hd)
+        if self.qk_norm:  # Qwen3: each head's q and k normalised over hd, each by its own weight, before RoPE
+            q, k = qk.split((self.n_head, self.n_kv_head), 1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), 1)
+        # RoPE rotates the q and k heads in one go, as they sit side by side in qkv
         q, k = apply_rope(qk, cos, sin).split((self.n_head, self.n_kv_head), 1)  # (B, H, T, hd), (B, H_kv, T, hd)
         if cache is None:  # training: plain causal attention, the flash kernel on CUDA
             y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
@@ -334,12 +336,13 @@ def cached_attention(q, k, v, mask):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.w1 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
-        self.w3 = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)
+        # w1 (the gate) and w3 in one matmul: its output is w1 x, then w3 x
+        self.w13 = nn.Linear(config.n_embd, 2 * config.ffn_hidden, bias=config.bias)
         self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)  # w1 x, w3 x: (B, T, ffn_hidden) each
+        return self.w2(F.silu(gate) * up)
 
 
 class RMSNorm(nn.Module):

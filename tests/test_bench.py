@@ -112,7 +112,8 @@ def test_bench_decode_refuses_a_window_that_restarts():
 
 def test_kernels_counts_every_model_file_and_vanilla_s_matmuls(tmp_path, capsys):
     """kernels.py at a tiny shape: a row per model file, and vanilla's matmuls are what its layers make: per layer
-    five linears (the fused wqkv, wo, w1, w3, w2), each one matmul forward and two backward, and the head's three."""
+    four linears (the fused wqkv, wo, the fused w13, w2), each one matmul forward and two backward, and the head's
+    three."""
     import kernels
     from conftest import model_names
     path = tmp_path / "kernels.json"
@@ -120,6 +121,6 @@ def test_kernels_counts_every_model_file_and_vanilla_s_matmuls(tmp_path, capsys)
                   "--block_size=16", "--batch_size=2", "--json", str(path)])
     counts = json.loads(path.read_text())["models"]
     assert set(counts) == set(model_names())
-    assert counts["vanilla"]["train_ops"]["mm"] == 2 * 5 * 3 + 3
+    assert counts["vanilla"]["train_ops"]["mm"] == 2 * 4 * 3 + 3
     assert all(r["train"] > counts["vanilla"]["train"] * 0.9 and r["decode"] > 0 for r in counts.values())
     assert "| vanilla | " in capsys.readouterr().out

@@ -106,12 +106,20 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
     idx = torch.randint(0, TINY["vocab_size"], (2, 24))
     assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
     assert all("module." not in k and "_orig_mod" not in k for k in torch.load(path)["model"])
-    # a checkpoint written before q, k and v were one matmul (attn.wq, wk, wv) loads, joined, to the same logits
-    older = {k: t.clone() for k, t in common.split_qkv(model.state_dict(), model.config).items()}
-    assert any(k.endswith("attn.wk.weight") for k in older) and not any("wqkv" in k for k in older)
-    train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": older})
-    loaded, _, _ = common.model_from_checkpoint(path)
-    assert torch.equal(model(idx)[0], loaded.eval()(idx)[0])
+    # checkpoints written before w1 and w3 were one matmul (mlp.w1, w3), and before q, k and v were too (attn.wq,
+    # wk, wv), load, joined, to the same logits
+    state = {k: t.clone() for k, t in model.state_dict().items()}
+    older = {}
+    for k, t in state.items():
+        older.update(common.split_fused({k: t}, model.config) if ".mlp.w13." in k else {k: t})
+    oldest = common.split_fused(state, model.config)
+    assert any(k.endswith("mlp.w3.weight") for k in older) and not any("w13" in k for k in older)
+    assert any(k.endswith("attn.wqkv.weight") for k in older)
+    assert any(k.endswith("attn.wk.weight") for k in oldest) and not any("wqkv" in k for k in oldest)
+    for weights in (older, oldest):
+        train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": weights})
+        loaded, _, _ = common.model_from_checkpoint(path)
+        assert torch.equal(model(idx)[0], loaded.eval()(idx)[0])
 
 
 # ---- through train.py: resume and DDP (default config of each model) -------------------------------------

@@ -112,7 +112,7 @@ def test_logits_gradients_and_greedy_tokens_match_transformers(arch, hf_models, 
     ref_loss.backward()
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     theirs = dict(ref.named_parameters())
-    grads = common.split_qkv({name: p.grad for name, p in ours.named_parameters()}, ours.config)  # q_proj, ...
+    grads = common.split_fused({name: p.grad for name, p in ours.named_parameters()}, ours.config)  # q_proj, ...
     for name, grad in grads.items():
         torch.testing.assert_close(grad, theirs[hf.to_hf_name(name)].grad, rtol=1e-4, atol=1e-5)
     ref.zero_grad(set_to_none=True)
