@@ -108,9 +108,10 @@ class AttnRes(nn.Module):
         if self.recency_bias is not None:  # the sources come in order: the last is the most recent
             logits = torch.cat((logits[..., :-1], logits[..., -1:] + self.recency_bias), dim=-1)
         a = logits.softmax(dim=-1)  # (B, T, S): over sources, per token
-        h = a[..., 0, None] * values[0]
+        weights = a.split(1, dim=-1)  # S views (B, T, 1), whose gradients come back as one tensor
+        h = weights[0] * values[0]
         for i in range(1, len(values)):
-            h = torch.addcmul(h, a[..., i, None], values[i])  # the weighted sum, one fused multiply-add per source
+            h = torch.addcmul(h, weights[i], values[i])  # the weighted sum, one fused multiply-add per source
         return h.type_as(values[0]), a
 
 

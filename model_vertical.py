@@ -73,10 +73,10 @@ def vertical_mix(sources, inv_norms, alpha):
     """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||), per token.
     sources: l tensors (B, T, d); inv_norms: their inverse_norm, l tensors (B, T, 1); alpha: (l,) softmax weights."""
     w = alpha * torch.cat(inv_norms, dim=-1)  # (B, T, l)
-    w = w / w.sum(-1, keepdim=True)  # alpha~ (eq. 3)
-    v = sources[0] * w[..., :1]
+    w = (w / w.sum(-1, keepdim=True)).split(1, dim=-1)  # alpha~ (eq. 3): l views (B, T, 1), one gradient back
+    v = sources[0] * w[0]
     for i in range(1, len(sources)):  # over sources, never over tokens; torch.compile fuses it into one kernel
-        v = torch.addcmul(v, sources[i], w[..., i:i + 1])
+        v = torch.addcmul(v, sources[i], w[i])
     return v.type_as(sources[-1])
 
 
