@@ -71,29 +71,34 @@ class GPTConfig:
                              "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
 
 
-class GateScale(torch.autograd.Function):
-    """n * w * g for the output norm's normalised input n (B, T, d), its weight w (d,) and the gate g (B, T, 1).
-    Written as two multiplies, autograd would keep n for w's gradient AND n * w for g's; this keeps n only."""
+class GatedRMSNorm(torch.autograd.Function):
+    """g * RMSNorm(y) = n w g, n = y r, r = 1 / sqrt(mean(y^2) + eps), for the output norm's input y (B, T, d), its
+    weight w (d,) and the gate g (B, T, 1), with the gradient written out as model_vanilla's RMSNormFunction writes
+    it, dL/dy = r (u - n mean(u n)) for u = w g dL/dout. It keeps n only: autograd would keep n for w's gradient
+    AND n * w for g's."""
 
     @staticmethod
-    def forward(ctx, n, w, g):
-        ctx.save_for_backward(n, w, g)
+    def forward(ctx, y, w, g, eps):
+        yf = y.to(torch.promote_types(y.dtype, torch.float32))  # as RMSNorm: in float32 at least
+        r = torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + eps)  # (B, T, 1)
+        n = (yf * r).type_as(y)
+        ctx.save_for_backward(n, r, w, g)
         return n * w * g
 
     @staticmethod
     def backward(ctx, grad):
-        n, w, g = ctx.saved_tensors
-        return grad * w * g, (grad * n * g).flatten(0, -2).sum(0), (grad * n * w).sum(-1, keepdim=True)
+        n, r, w, g = ctx.saved_tensors
+        u, nf = (grad * w * g).to(r.dtype), n.to(r.dtype)
+        dy = torch.addcmul(u, nf, (u * nf).mean(-1, keepdim=True), value=-1) * r
+        return dy.type_as(n), (grad * n * g).flatten(0, -2).sum(0), (grad * n * w).sum(-1, keepdim=True), None
 
 
 def gated_norm(norm, y, g):
     """g * norm(y) for the RMSNorm module `norm` (norm(y) alone when g is None), saving for the backward what
-    norm(y) alone saves (see GateScale)."""
+    norm(y) alone saves (see GatedRMSNorm)."""
     if g is None:
         return norm(y)
-    yf = y.float()
-    n = (yf * torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(y)  # RMSNorm without its weight
-    return GateScale.apply(n, norm.weight, g.unsqueeze(-1).to(y.dtype))
+    return GatedRMSNorm.apply(y, norm.weight, g.unsqueeze(-1).to(y.dtype), norm.eps)
 
 
 def gate_into_keys(q, k, v, g):
@@ -437,9 +442,36 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # x / sqrt(mean(x^2) + eps) in float32 (under bf16 autocast the mean of squares loses too much precision);
-        # F.rms_norm: one fused kernel each way where torch has one (CUDA), the same arithmetic elsewhere
-        return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x) * self.weight
+        # x / sqrt(mean(x^2) + eps) in float32 at least: under bf16 autocast the mean of squares loses too much
+        # precision. On CUDA F.rms_norm is one fused kernel each way; elsewhere torch runs it as a chain of operators
+        if x.is_cuda:
+            xf = x.to(torch.promote_types(x.dtype, torch.float32))
+            return F.rms_norm(xf, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
+        return RMSNormFunction.apply(x, self.weight, self.eps)  # the same arithmetic in fewer operators
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMSNorm where torch has no fused kernel: on the CPU autograd runs F.rms_norm and its gradient as 20
+    operators; this is F.rms_norm's forward and its gradient in 7 operators. Per row of x (..., d):
+        y = n w,  n = x r,  r = 1 / sqrt(mean(x^2) + eps);   dL/dx = r (g - n mean(g n)),  g = w dL/dy;
+        dL/dw = the sum over rows of n dL/dy."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        n = xf * r  # (..., d), float32 at least
+        ctx.save_for_backward(n, r, weight)
+        ctx.x_dtype = x.dtype
+        return n.type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx, dy):
+        n, r, weight = ctx.saved_tensors
+        g = dy * weight
+        dx = torch.addcmul(g, n, (g * n).mean(-1, keepdim=True), value=-1) * r  # r (g - n mean(g n))
+        dw = (dy * n).flatten(0, -2).sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return dx.to(ctx.x_dtype), dw, None
 
 
 def rope_tables(head_dim, seq_len, theta, device):
