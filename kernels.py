@@ -5,7 +5,7 @@ for, where torch.compile does not fuse them (every launch counts there).
     python kernels.py                                   # every model file at GPT-2 small's shape, as in the README
     python kernels.py --json results/kernels.json --update_readme   # the README's table
     python kernels.py --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
-    python kernels.py --device cuda --json results/h100/kernels.json --update_readme   # the kernels a GPU runs
+    python kernels.py --device cuda --json results/h100/kernels.json --update_readme   # the launches on a GPU
 
 On the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
 operator whose result aliases its input: view, transpose, expand, split, detach, _unsafe_view, ...) and operators
