@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 MODIFIED = ("GPTConfig", "GPT.__init__", "GPT.forward", "GPT.param_groups")  # differ from model_vanilla.py
 VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": dict(va_init="recent")}
@@ -71,11 +72,12 @@ def log_norm(h, eps):
 
 def vertical_mix(sources, log_norms, log_alpha):
     """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||) per token, which
-    is softmax_i(log alpha_i - log ||h^i||). sources: (B, T, l, d), the l sources side by side; log_norms: their
-    log_norm, (B, T, l); log_alpha: (l,), the log of the map's row."""
-    w = (log_alpha - log_norms).softmax(-1)  # alpha~ (eq. 3): (B, T, l)
+    is softmax_i(log alpha_i - log ||h^i||). sources: l tensors (B, T, d); log_norms: their log_norm, l tensors
+    (B, T, 1); log_alpha: (l,), the log of the map's row."""
+    h = torch.stack(sources, dim=-2)  # (B, T, l, d): the sources side by side
+    w = (log_alpha - torch.cat(log_norms, dim=-1)).softmax(-1)  # alpha~ (eq. 3): (B, T, l)
     # a product and a sum over the sources (not a matmul, which autocast would run in bfloat16)
-    return (w.unsqueeze(-1) * sources).sum(-2).type_as(sources)  # (B, T, d)
+    return (w.unsqueeze(-1) * h).sum(-2).type_as(h)  # (B, T, d)
 
 
 def fixed_map(kind, n_layer):
@@ -136,13 +138,13 @@ class GPT(nn.Module):
         cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d): h^1
         log_alpha = self.log_depth_map().unbind(0)  # L rows (L,): row l holds log alpha of sources 1..l+1
-        sources, log_norms, hidden = x.new_empty(B, T, 0, x.size(-1)), x.new_empty(B, T, 0), []  # none yet
+        sources, log_norms, hidden = [], [], []
         for l, block in enumerate(self.blocks):
-            # h^(l+1), the embedding and then each block's output, joins the sources with its log norm (once per
-            # source: every later block reads it), side by side: (B, T, l+1, d) and (B, T, l+1)
-            sources = torch.cat((sources, x[:, :, None]), dim=-2)
-            log_norms = torch.cat((log_norms, log_norm(x, self.config.va_eps)), dim=-1)
-            x = block(vertical_mix(sources, log_norms, log_alpha[l][:l + 1]), cos, sin, cache, input_pos)
+            sources.append(x)  # h^(l+1): the embedding, then each block's output
+            log_norms.append(log_norm(x, self.config.va_eps))  # once per source, read by every later block
+            # recomputed in the backward (checkpoint): no layer keeps its stack of l sources, only the sources once
+            v = checkpoint(vertical_mix, tuple(sources), tuple(log_norms), log_alpha[l][:l + 1], use_reentrant=False)
+            x = block(v, cos, sin, cache, input_pos)
             hidden.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None

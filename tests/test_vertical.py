@@ -88,8 +88,8 @@ def test_mix_equals_float64_equations(n_sources):
                * 10 ** torch.empty(B, T, 1).uniform_(-1, 1, generator=g) for i in range(n_sources)]
     scores = 3 * torch.randn(n_sources, generator=g)
     eps = model_vertical.GPTConfig().va_eps
-    log_norms = torch.cat([model_vertical.log_norm(h, eps) for h in sources], dim=-1)
-    v = model_vertical.vertical_mix(torch.stack(sources, dim=-2), log_norms, scores.log_softmax(-1))
+    log_norms = [model_vertical.log_norm(h, eps) for h in sources]
+    v = model_vertical.vertical_mix(sources, log_norms, scores.log_softmax(-1))
     ref = reference_mix(sources, scores, eps)
     assert v.dtype == torch.float32 and v.shape == (B, T, d)
     # float32 against float64, relative to each token's vector (single channels may cancel to ~0)
@@ -99,6 +99,28 @@ def test_mix_equals_float64_equations(n_sources):
     if n_sources > 1:
         plain = sum(a * h.double() for a, h in zip(scores.double().softmax(-1), sources))
         assert not torch.allclose(plain, ref, rtol=1e-2)
+
+
+def test_the_backward_keeps_each_source_once_not_a_stack_per_layer():
+    """Block l mixes its l sources side by side, and the backward recomputes that (B, T, l, d) stack: what autograd
+    keeps beyond vanilla's grows by about one source per layer, not by l (L(L+1)/2 = 78 source copies at 12 layers,
+    which a stack kept per layer would add)."""
+    idx = torch.randint(0, SMALL["vocab_size"], (2, 32))
+
+    def saved_bytes(model):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(idx, idx)[1]
+        loss.backward()
+        return sum(seen.values())
+
+    L, source = 12, idx.numel() * SMALL["n_embd"] * 4  # one (B, T, d) float32 tensor
+    extra = saved_bytes(build(model_vertical, n_layer=L)) - saved_bytes(build(model_vanilla, n_layer=L))
+    assert 0 < extra <= 2 * L * source, extra / source
 
 
 @pytest.mark.parametrize("va_map", ["learned", "unet", "inet"])
