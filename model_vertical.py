@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 MODIFIED = ("GPTConfig", "GPT.__init__", "GPT.forward", "GPT.param_groups")  # differ from model_vanilla.py
 VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": dict(va_init="recent")}
@@ -74,10 +73,12 @@ def vertical_mix(sources, log_norms, log_alpha):
     """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||) per token, which
     is softmax_i(log alpha_i - log ||h^i||). sources: l tensors (B, T, d); log_norms: their log_norm, l tensors
     (B, T, 1); log_alpha: (l,), the log of the map's row."""
-    h = torch.stack(sources, dim=-2)  # (B, T, l, d): the sources side by side
     w = (log_alpha - torch.cat(log_norms, dim=-1)).softmax(-1)  # alpha~ (eq. 3): (B, T, l)
-    # a product and a sum over the sources (not a matmul, which autocast would run in bfloat16)
-    return (w.unsqueeze(-1) * h).sum(-2).type_as(h)  # (B, T, d)
+    w = w.split(1, dim=-1)  # l views (B, T, 1), whose gradients come back as one tensor
+    v = sources[0] * w[0]
+    for i in range(1, len(sources)):  # over sources, never over tokens; torch.compile fuses it into one kernel
+        v = torch.addcmul(v, sources[i], w[i])
+    return v.type_as(sources[-1])
 
 
 def fixed_map(kind, n_layer):
@@ -142,9 +143,7 @@ class GPT(nn.Module):
         for l, block in enumerate(self.blocks):
             sources.append(x)  # h^(l+1): the embedding, then each block's output
             log_norms.append(log_norm(x, self.config.va_eps))  # once per source, read by every later block
-            # recomputed in the backward (checkpoint): no layer keeps its stack of l sources, only the sources once
-            v = checkpoint(vertical_mix, tuple(sources), tuple(log_norms), log_alpha[l][:l + 1], use_reentrant=False)
-            x = block(v, cos, sin, cache, input_pos)
+            x = block(vertical_mix(sources, log_norms, log_alpha[l][:l + 1]), cos, sin, cache, input_pos)
             hidden.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None

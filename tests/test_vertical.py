@@ -102,9 +102,9 @@ def test_mix_equals_float64_equations(n_sources):
 
 
 def test_the_backward_keeps_each_source_once_not_a_stack_per_layer():
-    """Block l mixes its l sources side by side, and the backward recomputes that (B, T, l, d) stack: what autograd
-    keeps beyond vanilla's grows by about one source per layer, not by l (L(L+1)/2 = 78 source copies at 12 layers,
-    which a stack kept per layer would add)."""
+    """Block l's mix reads its l sources where they are (a multiply-add per source): what autograd keeps beyond
+    vanilla's grows by about one source per layer, not by l (L(L+1)/2 = 78 source copies at 12 layers, which a
+    (B, T, l, d) stack made and kept per layer for one batched product would add)."""
     idx = torch.randint(0, SMALL["vocab_size"], (2, 32))
 
     def saved_bytes(model):
