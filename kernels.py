@@ -5,16 +5,15 @@ for, where torch.compile does not fuse them (every launch counts there).
     python kernels.py                                   # every model file at GPT-2 small's shape, as in the README
     python kernels.py --json results/kernels.json --update_readme   # the README's table
     python kernels.py --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
-    python kernels.py --device cuda --json results/h100/kernels.json --update_readme   # the launches on a GPU
+    python kernels.py --device cuda --json results/h200/kernels.json --update_readme   # the launches on a GPU
 
 On the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
 operator whose result aliases its input: view, transpose, expand, split, detach, _unsafe_view, ...) and operators
-that return no tensor are left out, and the training step runs in
-float32. On CUDA a kernel is one launch on the GPU as torch.profiler records it (an operator may launch none, one
-or several), and the training step runs under bf16 autocast, as train.py runs it there. The training step is one
-forward with targets and its backward; the decode step is generate.py's decode_step at the middle of the context,
-after a prefill. The counts depend on the shapes only through which operators run, not on their sizes, so a small
-batch gives the same count as a large one.
+that return no tensor are left out, and the training step runs in float32. On CUDA a kernel is one launch on the
+GPU as torch.profiler records it (an operator may launch none, one or several), and the training step runs under
+bf16 autocast, as train.py runs it there. The training step is one forward with targets and its backward; the
+decode step is generate.py's decode_step at the middle of the context, after a prefill. The counts depend on the
+shapes only through which operators run, not on their sizes, so a small batch gives the same count as a large one.
 """
 import argparse
 import collections
