@@ -13,7 +13,7 @@ part under its heading below:
     models       the model files by name, and a model built from options
     device       the device, the precision (autocast), synchronize, the GPU's peak FLOP/s
     data         a prepared data set: meta.json and its token splits
-    tables       README.md's copies of generated tables
+    tables       the copies of generated tables in README.md and docs/, between their markers
     checkpoints  reading train.py's ckpt.pt, its weights into a model (q, k, v split and joined for older files and
                  Hugging Face's names), a model from a run folder
 """
@@ -634,20 +634,32 @@ def open_split(data_dir, dataset, split, meta):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# tables: README.md's copies of generated tables
+# tables: the copies of generated tables in README.md and docs/
+
+def marked_pages():
+    """The markdown files that may hold a generated table's copy: README.md, docs/*.md and results/*.md. The README
+    keeps the tables a newcomer reads; the rest live in the page about them."""
+    return [os.path.join(HERE, "README.md")] + sorted(glob.glob(os.path.join(HERE, "docs", "*.md"))) + \
+        sorted(glob.glob(os.path.join(HERE, "results", "*.md")))
+
 
 def update_readme(table, results):
-    """Replace README.md's copy of a generated table between its markers for `results` (a results folder or file):
-    <!-- results:start --> and <!-- results:end -->."""
-    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-    text = open(readme).read()
+    """Replace the copy of a generated table between its markers for `results` (a results folder or file),
+    <!-- results:start --> and <!-- results:end -->, in whichever page holds them (marked_pages): a table moved
+    from the README to a page of docs/ is still rewritten where it now is. Returns the pages written."""
     tag = os.path.normpath(results)
     marked = re.compile(rf"(<!-- {re.escape(tag)}:start -->\n).*?(<!-- {re.escape(tag)}:end -->)", re.S)
-    if not marked.search(text):
-        print(f"note: README.md has no <!-- {tag}:start --> marker; its table is left alone", file=sys.stderr)
-        return
-    with open(readme, "w") as f:
-        f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
+    written = []
+    for page in marked_pages():
+        text = open(page, encoding="utf-8").read()
+        if marked.search(text):
+            with open(page, "w", encoding="utf-8") as f:
+                f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
+            written.append(page)
+    if not written:
+        print(f"note: no page (README.md, docs/*.md, results/*.md) has a <!-- {tag}:start --> marker; the table is "
+              "left alone", file=sys.stderr)
+    return written
 
 
 # ----------------------------------------------------------------------------------------------------------

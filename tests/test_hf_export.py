@@ -267,17 +267,17 @@ def test_a_gpt2_run_exports_gpt2s_tokenizer_from_tiktokens_files_or_is_refused(d
 
 
 def test_the_readme_hub_snippet_runs_as_written(data_dir, tmp_path, monkeypatch, capsys):
-    """README.md's Python snippet under "Share a run on the Hub", run as it is written on a folder exported where it
-    looks: the pipeline prints sample.py's greedy text, and generate() samples a left-padded batch of two."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = readme[readme.index("\n## Share a run on the Hub\n"):]
+    """docs/huggingface.md's Python snippet under "Share a run on the Hub", run as it is written on a folder exported
+    where it looks: the pipeline prints sample.py's greedy text, and generate() samples a left-padded batch of two."""
+    page = open(os.path.join(ROOT, "docs", "huggingface.md"), encoding="utf-8").read()
+    section = page[page.index("\n## Share a run on the Hub\n"):]
     start = section.index("```python\n") + len("```python\n")
     snippet = section[start:section.index("```\n", start)]
     run = make_run("vertical", {}, data_dir, tmp_path / "run")
     export.main(["--out_dir", str(run), "--to", str(tmp_path / "models" / "vertical-shakespeare")])
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
-    exec(compile(snippet, "README.md", "exec"), {})
+    exec(compile(snippet, "docs/huggingface.md", "exec"), {})
     greedy, sampled = capsys.readouterr().out.removesuffix("\n").rsplit("\n", 1)
     ours, _, _ = common.model_from_checkpoint(str(run))
     want = generate(ours.eval(), torch.tensor([list(b"ROMEO:")]), 100, temperature=0)[0].tolist()

@@ -1,5 +1,5 @@
-"""The paper recipes in config/ and the README's table of commands: every command is accepted by its script, and
-every training run sets what its paper did."""
+"""The paper recipes in config/ and the table of commands in docs/recipes.md: every command is accepted by its
+script, and every training run sets what its paper did."""
 import glob
 import importlib
 import os
@@ -39,8 +39,8 @@ LOOP = re.compile(r"for (\w+) in ([^;]+); do (.+); done")
 
 
 def readme_rows():
-    """(paper, run, command) for every row of the README's recipe table that has a command."""
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    """(paper, run, command) for every row of docs/recipes.md's recipe table that has a command."""
+    text = open(os.path.join(ROOT, "docs", "recipes.md"), encoding="utf-8").read()
     table = text.split("<!-- recipes:start -->")[1].split("<!-- recipes:end -->")[0]
     rows = []
     for line in table.strip().splitlines()[2:]:
