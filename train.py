@@ -324,8 +324,9 @@ def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, ba
         batch = next(batches)  # on a GPU, while it computes the forward
         loss.backward()
         step_loss += loss.detach()
-    if proc.world > 1:
-        torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+    if proc.world > 1:  # a sum, then divided: torch 2.5's gloo has no ReduceOp.AVG
+        torch.distributed.all_reduce(step_loss)
+        step_loss /= proc.world
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
