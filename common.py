@@ -26,6 +26,7 @@ import importlib
 import json
 import math
 import os
+import pickle
 import re
 import shlex
 import sys
@@ -669,16 +670,22 @@ def checkpoint_path(out_dir):
     """The checkpoint file of --out_dir: a run folder's ckpt.pt, or a .pt file itself."""
     if out_dir.endswith(".pt"):
         return out_dir
-    if os.path.isfile(out_dir):
-        folder = os.path.dirname(out_dir)
+    if os.path.isfile(out_dir):  # its folder is named only where it holds a checkpoint: a hint that works
+        folder = os.path.dirname(out_dir) or "."
+        there = (f" (perhaps --out_dir {shlex.quote(folder)}, which holds one)"
+                 if os.path.isfile(os.path.join(folder, "ckpt.pt")) else "")
         raise ConfigError(f"--out_dir {out_dir} is a file, not a run folder or a .pt checkpoint; pass the run folder "
-                          f"that holds ckpt.pt{f' (perhaps {folder})' if folder else ''}")
+                          f"that holds ckpt.pt{there}")
     return os.path.join(out_dir, "ckpt.pt")
 
 
-def read_checkpoint(path, keys=("model_name", "model_args", "model")):
+def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False):
     """The dict train.py saved at path, holding at least `keys`; ConfigError for a missing, truncated, empty or
-    foreign file (a bare state_dict), so that train --resume, sample.py and eval.py all say it in one line."""
+    foreign file (a bare state_dict), so that train --resume, sample.py, eval.py, export.py, bench.py and sweep.py
+    all say it in one line. The one reader of checkpoints: torch.load(weights_only=True) unpickles tensors and
+    plain containers only (what train.py saves, in every version), so that a checkpoint someone hands you cannot
+    run code; one that holds anything else is refused, naming it. mmap: the tensors stay in the file (a reader of
+    a few numbers does not read the weights)."""
     if os.path.isdir(path):
         raise ConfigError(f"the checkpoint {path} is a folder, not a file; move it away, or pass the run folder "
                           "that holds train.py's ckpt.pt")
@@ -690,8 +697,13 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model")):
                               f"{f' (perhaps --out_dir {shlex.quote(folder)}, which holds ckpt.pt)' if there else ''}")
         raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir {shlex.quote(folder)}`")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # torch.load's errors differ by damage: zip reader, unpickler, EOF
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            raise ConfigError(f"the checkpoint {path} holds {found.group(1) if found else 'an object'}, not only "
+                              "tensors and plain containers: unpickling it could run code, so it was not loaded; use "
+                              "a checkpoint written by train.py, from a source you trust")
         reason = " ".join(str(e).split())[:120] or type(e).__name__
         raise ConfigError(f"cannot read the checkpoint {path} ({reason}): the file is truncated, empty or not a "
                           "checkpoint; restore it from a copy or train again")

@@ -1,0 +1,106 @@
+"""eval.py --wiring: what each block (attnres: each sublayer) reads directly, measured with autograd on the model
+files at initialisation, has the non-zero pattern each paper states, for every model and variant the figure draws."""
+import importlib
+import os
+
+import pytest
+
+from conftest import ROOT, run_script
+
+evalpy = importlib.import_module("eval")
+
+
+@pytest.fixture(scope="module")
+def panels():
+    """The figure's panels exactly as `eval.py --wiring` draws them, by caption."""
+    args = evalpy.parse_args(["--wiring"])
+    return {caption: (gains, rows, cols) for caption, gains, rows, cols in evalpy.wiring_panels(args)}
+
+
+def chain(L):
+    """Vanilla: block l (0-indexed) reads only its predecessor, column l (column 0 the embedding, column c block c's
+    output, 1-indexed)."""
+    return [{l} for l in range(L)]
+
+
+def vertical_fixed(kind, L):
+    """Vertical Attention's fixed maps, sources 1-indexed (1 = the embedding): the I-Net layer l reads sources 1, 2
+    and l; the U-Net layer l reads source l and its mirror L + 2 - l, where that is an earlier source."""
+    out = []
+    for l in range(1, L + 1):
+        sources = {1, 2, l} if kind == "inet" else {l, L + 2 - l}
+        out.append({i - 1 for i in sources if i <= l})
+    return out
+
+
+def expected(caption, L, H, skip_layers):
+    """Each panel's rows as its paper states them (the head's row last)."""
+    head = [{L}]
+    if caption.startswith("vanilla"):
+        return chain(L) + head
+    if caption == "Vertical Attention, learned map":  # eq. 4: v^l mixes every source 1..l
+        return [set(range(l + 1)) for l in range(L)] + head
+    if caption.startswith("Vertical Attention, U-Net"):
+        return vertical_fixed("unet", L) + head
+    if caption.startswith("Vertical Attention, I-Net"):
+        return vertical_fixed("inet", L) + head
+    if caption.startswith("Skip-Layer"):  # the skip heads of layer l > n_l read the keys and values of layer l - n_l
+        return [{l} | ({l - skip_layers} if l >= skip_layers else set()) for l in range(L)] + head
+    if caption.startswith("ALA"):  # the last layer's head i reads layer L - K*i (1-indexed), K = 2
+        K = 2
+        return chain(L)[:-1] + [{L - 1 - K * i for i in range(H) if L - 1 - K * i >= 0}] + head
+    if caption.startswith("Attention Residuals"):  # every sublayer, and the output mix, reads every earlier one
+        return [set(range(s + 1)) for s in range(2 * L)] + [set(range(2 * L + 1))]
+    if caption.startswith("AILA"):  # layer j attends over h_0 .. h_{j-1}
+        return [set(range(l + 1)) for l in range(L)] + head
+    if caption == "skip-middle, gates open":  # eqs. 1-2: block l's gate sums s_0..s_m of the streams entering
+        # blocks 0..m, m = min(l, L-1-l) (a second-half block uses its mirror's gate)
+        return [{l} | set(range(min(l, L - 1 - l) + 1)) for l in range(L)] + head
+    if caption == "skip-middle, middle gates closed":  # gate K closed: blocks K..L-1-K skipped, reading nothing
+        K = ((L + 1) // 2) // 2
+        return [set() if K <= l <= L - 1 - K else {l} for l in range(L)] + head
+    raise AssertionError(f"no pattern stated for the panel {caption!r}")
+
+
+def test_the_figure_draws_every_model_file_and_the_variants_its_paper_compares(panels):
+    names = {name for name, _, _ in evalpy.WIRINGS}
+    model_files = {os.path.basename(p)[6:-3] for p in os.listdir(ROOT) if p.startswith("model_") and p.endswith(".py")}
+    assert names == model_files
+    assert len(panels) == len(evalpy.WIRINGS) == 12
+
+
+@pytest.mark.parametrize("caption", [c for _, _, c in evalpy.WIRINGS])
+def test_each_panel_reads_what_its_paper_states(panels, caption):
+    gains, rows, cols = panels[caption]
+    L, H = 6, 4  # the model files' default shape, which the figure draws
+    skip_layers = round(3 * L / 4)  # the SLA paper's default n_l
+    want = expected(caption, L, H, skip_layers)
+    got = [{c for c in range(len(cols)) if gains[r, c] != 0} for r in range(len(rows))]
+    assert got == want, caption
+    assert (gains >= 0).all() and gains.isfinite().all()
+
+
+def test_vanilla_is_the_chain_and_a_later_block_never_reads_ahead(panels):
+    gains, rows, cols = panels["vanilla: the chain"]
+    assert rows[-1] == "head" and cols[0] == "emb"
+    assert [[c for c in range(len(cols)) if gains[r, c] != 0] for r in range(len(rows))] == [[r] for r in range(7)]
+    for caption, (gains, rows, cols) in panels.items():  # causality in depth: nothing reads a later representation
+        for r in range(len(rows) - 1):
+            assert (gains[r, r + 1:] == 0).all(), caption
+
+
+def test_wiring_of_trained_runs_and_its_errors(data_dir, tmp_path, capsys):
+    """`--wiring RUN`: one panel per run, on the run's validation tokens; a folder without a checkpoint and options
+    that do something else end in one error line naming --wiring."""
+    import train
+    run = tmp_path / "run"
+    train.main(["--model", "vertical", "--data_dir", str(data_dir), "--out_dir", str(run), "--max_iters=0",
+                "--n_layer=2", "--n_embd=16", "--n_head=2", "--n_kv_head=1", "--ffn_hidden=32", "--block_size=16",
+                "--device=cpu"])
+    code, out, err = run_script("eval.py", ["--wiring", str(run), "--plot", "false"], capsys)
+    assert code in (0, None), err
+    assert "vertical, step 0" in out and "2 reads emb" in out and "3 reads" not in out, out
+    for argv in (["--wiring", str(tmp_path / "none")], ["--wiring", "--depth_map"], ["--wiring=nan"]):
+        code, out, err = run_script("eval.py", argv, capsys)
+        lines = [l for l in err.splitlines() if l.startswith("error: ")]
+        assert code not in (0, None) and len(lines) == 1 and "--wiring" in lines[0], (argv, err)
