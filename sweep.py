@@ -43,7 +43,8 @@ import torch
 
 from bench import RUNS
 from common import (DTYPES, SIZES, ConfigError, Interrupted, to_json, hardware_name, model_from_checkpoint, load_model_module,
-                    main_boundary, option, parse_json, parse_simple, read_json, read_meta, read_text, update_readme)
+                    main_boundary, option, parse_json, parse_simple, read_checkpoint, read_json, read_meta, read_text,
+                    update_readme)
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -347,7 +348,7 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     train_seconds: wall time of the training; cpu_seconds: this process's CPU time, training and evaluation."""
     out_dir = os.path.join(args.runs_dir, f"{label}-seed{seed}-{key}")
     path = os.path.join(out_dir, "ckpt.pt")
-    steps = torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.exists(path) else 0
+    steps = read_checkpoint(path, ("model_name", "iter_num"), mmap=True)["iter_num"] if os.path.exists(path) else 0
     t0, cpu0 = time.time(), time.process_time()
     if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
         try:
