@@ -18,6 +18,7 @@ part under its heading below:
                  Hugging Face's names), a model from a run folder
 """
 import argparse
+import ast
 import dataclasses
 import difflib
 import errno
@@ -31,7 +32,6 @@ import re
 import shlex
 import sys
 import tempfile
-import types
 from contextlib import nullcontext
 
 import numpy as np
@@ -267,7 +267,7 @@ def parse_model_options(config_class, argv, doc):
     if unknown:  # named as on the command line: the closest option, or the model file that has it
         hints = "".join(f"; {h}" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
         raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(unknown)}{hints}; a preset "
-                          "sets options, and names starting with _ (and imports and functions) are its own helpers")
+                          "sets options only (base = \"x.py\" layers it on another preset)")
     args = vars(parser.parse_args(rest))
     explicit = set(from_files) | explicit_options(rest)
     if args["size"] in SIZES:  # the preset fills the shape fields nobody set, and the model file's own settings
@@ -297,22 +297,31 @@ def split_config_files(argv):
     return argv[:n], argv[n:]
 
 
-PRESET_HELPERS = (types.ModuleType, types.FunctionType, type)
-
-
 def read_config_file(path, within=()):
-    """The assignments of a preset file (python), without names starting with _. `base = "other.py"` (a file
-    beside it) layers the file on another preset: the base's values first, then this file's."""
-    values = {}
-    source = read_text(path, "the config file", "pass a preset file of python assignments, such as config/*.py")
-    try:  # one namespace, as a module has: a comprehension or a function in the file reads its names
-        exec(compile(source, path, "exec"), values)
+    """The assignments of a preset file, read and not run: every statement is one `name = literal` (a number,
+    string, bool, None, or a list, tuple or dict of them, as ast.literal_eval reads it), and anything else is
+    refused with its line number, so that a preset someone hands you runs no code, not even for --help.
+    `base = "other.py"` (a file beside it) layers the file on another preset: the base's values first, then this
+    file's."""
+    source = read_text(path, "the config file", "pass a preset file of `name = value` lines, such as config/*.py")
+    try:
+        tree = ast.parse(source, path)
     except SyntaxError as e:
-        raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds python assignments)")
-    except (Exception, SystemExit) as e:
-        raise ConfigError(f"config file {path} fails: {type(e).__name__}: {e}; fix the file")
-    # options are its plain values; modules, functions and classes it uses, and _private names, are its own
-    values = {k: v for k, v in values.items() if not k.startswith("_") and not isinstance(v, PRESET_HELPERS)}
+        raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds `name = value` "
+                          "lines)")
+    values = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if not isinstance(target, ast.Name):
+            line = source.splitlines()[node.lineno - 1].strip()
+            raise ConfigError(f"config file {path} line {node.lineno}: {line[:60]!r} is not a `name = value` "
+                              "assignment; a preset is read, not run: write each option as `name = value`")
+        try:
+            values[target.id] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise ConfigError(f"config file {path} line {node.lineno}: the value of {target.id} is not a literal "
+                              "(a number, string, True/False/None, or a list, tuple or dict of them); a preset is "
+                              "read, not run: write the value itself")
     base = values.pop("base", None)
     if base is None:
         return values

@@ -15,7 +15,7 @@ import torch
 import export
 import train
 from conftest import run_script
-from test_errors import TINY, checksums, write_data_set
+from test_errors import TINY, assert_one_error_line, checksums, write_data_set
 
 VARIANTS = ["missing", "folder", "empty", "truncated", "random_bytes", "not_utf8", "wrong_type", "nan"]
 
@@ -177,21 +177,27 @@ def test_every_bad_file_is_one_line_and_keeps_every_file(reader, variant, good, 
 
 # ---- the cases a hostile probe found, each once ------------------------------------------------------------------
 
-def test_a_preset_is_a_python_file_with_helpers(good, tmp_path, capsys):
-    """Imports, helper functions, private names and a comprehension over the file's own names are allowed; only
-    plain values are options. sys.exit in a preset is one line, like any other failure of the file."""
-    preset = tmp_path / "helpers.py"
-    preset.write_text("import math\n_layers = 2\ndef half(x):\n    return x // 2\nn_layer = _layers\n"
-                      "n_embd = 32 * half(2)\n_sizes = [n_layer * k for k in range(2)]\nmax_iters = _sizes[1] - 1\n"
-                      "learning_rate = 10 ** -math.log10(1000)\n")
+def test_a_preset_is_read_not_run(good, tmp_path, capsys):
+    """A preset is `name = literal` lines, read with ast.literal_eval: an import, a function call or a function is
+    refused with its line number, and runs nothing, not even for --help; a plain value is an option."""
+    preset = tmp_path / "plain.py"
+    preset.write_text("# a comment\nn_layer = 2  # and another\nn_embd = 32\nmax_iters = 1\nlearning_rate = 1e-3\n")
     values = train.parse_args([str(preset), "--data_dir", str(good / "data")])
     assert (values[0].max_iters, values[0].learning_rate, values[1]["n_layer"], values[1]["n_embd"]) == (1, 1e-3, 2, 32)
     (tmp_path / "other.py").write_text("max_iters = 1\nsizes = [1, 2]\n")  # a plain value is an option: named
     code, _, err = run_script("train.py", [tmp_path / "other.py", "--data_dir", good / "data"], capsys)
-    assert code == 1 and "unknown option(s) sizes" in err and "starting with _" in err, err
-    (tmp_path / "bye.py").write_text("import sys\nsys.exit('bye')\n")
-    code, _, err = run_script("train.py", [tmp_path / "bye.py", "--data_dir", good / "data"], capsys)
-    assert code == 1 and err.startswith("error: config file") and "bye.py fails: SystemExit: bye" in err, err
+    assert code == 1 and "unknown option(s) sizes" in err, err
+    marker = tmp_path / "ran"
+    for text, line, what in [(f"n_layer = 2\nmax_iters = len(open({str(marker)!r}, 'w').name)\n", 2, "not a literal"),
+                             ("import os\nn_layer = 2\n", 1, "'import os' is not a `name = value`"),
+                             ("def f():\n    return 1\n", 1, "is not a `name = value`"),
+                             ("n_layer, n_head = 2, 2\n", 1, "is not a `name = value`")]:
+        (tmp_path / "hostile.py").write_text(text)
+        for extra in ([], ["--help"]):
+            code, out, err = run_script("train.py", [tmp_path / "hostile.py", *extra, "--data_dir", good / "data"],
+                                        capsys)
+            assert_one_error_line(code, err, f"hostile.py line {line}")
+            assert what in err and not out and not marker.exists(), err
 
 
 def test_a_checkpoint_that_is_a_folder_is_named_as_such(good, tmp_path, capsys):
