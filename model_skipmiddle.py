@@ -197,7 +197,8 @@ class GPT(nn.Module):
         it (None, S in the dense model). A block of the first half computes its own (eqs. 1-2) and appends it to
         gates; a block of the second half uses its mirror's, gates[L-1-l]."""
         if l < len(self.gates):
-            S = S + F.relu(self.gates[l](x).float().squeeze(-1))  # (B, T): s_l = ReLU(w_l . h + b_l), S_l = S + s_l
+            s = self.gates[l](x).squeeze(-1)  # (B, T): w_l . h + b_l, bf16 under autocast
+            S = S + F.relu(s.to(torch.promote_types(s.dtype, torch.float32)))  # s_l, in float32 at least; S_l = S + s_l
             gates.append(1.0 - S.clamp(0.0, 1.0))  # g_l = 1 - clamp(S_l, 0, 1)
         return (gates[self.mirror[l]] if gates else None), S
 

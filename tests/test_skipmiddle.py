@@ -634,3 +634,19 @@ def test_generate_with_skip_false_is_the_dense_forward():
     out = generate(model, idx, 6, temperature=0, skip=False, use_cache=False)
     for t in range(8, 14):  # each token the argmax of forward() on the text so far, bit for bit
         assert torch.equal(out[:, t], model(out[:, :t])[0][:, -1].argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gates_compute_in_float32_at_least(dtype):
+    """The gates follow the file's rule for what it computes in float32 at least: a float64 model's gates are
+    float64 (a cast to float32 would round them), a float32 model's float32."""
+    model = build(gate_init_std=0.3).to(dtype).eval()
+    gates = []
+    hooks = [b.register_forward_pre_hook(lambda m, args: gates.append(args[-1])) for b in model.blocks]
+    try:
+        model(torch.randint(0, TINY["vocab_size"], (2, 8)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(gates) == TINY["n_layer"] and all(g.dtype == dtype for g in gates)
+    assert any((g < 1).any() for g in gates)  # the gates do read the stream here, not only their init's 1
