@@ -194,7 +194,9 @@ class Log:
                     "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
         self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
         self.seconds, self.tokens, self.t0, self.wandb = 0.0, 0, None, None
-        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=not self.master, dynamic_ncols=True)
+        # a bar on a terminal; where stderr is not one (a cluster's log file, `> log.txt 2>&1`) tqdm's disable=None
+        # turns it off, and write() prints every record as a line instead of thousands of carriage-return updates
+        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=None if self.master else True, dynamic_ncols=True)
         if self.master:
             self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
                            f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
@@ -235,7 +237,10 @@ class Log:
         if self.wandb is not None:
             self.wandb.log(record, step=record["iter"])
         text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
-        self.bar.write(text) if show else self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
+        if show or self.bar.disable:  # no bar to carry the periodic record: a line of its own, as nanoGPT prints it
+            self.bar.write(text)
+        else:
+            self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
 
     def close(self):
         self.bar.close()  # before any error line, so that it does not share the bar's line

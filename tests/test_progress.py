@@ -1,0 +1,57 @@
+"""train.py's progress: a bar on a terminal; where stderr is a file or a pipe (a cluster's log, `> log.txt 2>&1`)
+no bar and no carriage returns, every periodic record a line of its own."""
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+
+from conftest import ROOT
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--block_size=8",
+        "--batch_size=2", "--eval_iters=1", "--max_iters=4", "--eval_interval=2", "--log_interval=1", "--device=cpu"]
+
+
+def train(data_dir, out_dir, stderr):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", data_dir, "--out_dir",
+                           str(out_dir), *TINY], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
+    with open(tmp_path / "log.txt", "wb") as log:
+        proc = train(data_dir, tmp_path / "run", log)
+    out, err = proc.stdout.decode(), (tmp_path / "log.txt").read_bytes().decode()
+    assert proc.returncode == 0, err
+    assert "\r" not in out + err and "it/s" not in err  # no bar, no carriage-return updates
+    for step in range(1, 5):  # every --log_interval record a line of its own
+        assert sum(line.startswith(f"iter {step} | loss ") for line in out.splitlines()) == 1, out
+    assert sum(line.startswith("iter ") and "val_loss" in line for line in out.splitlines()) == 3, out  # 0, 2, 4
+
+
+def test_a_terminal_gets_the_bar(data_dir, tmp_path):
+    """The same run with stderr on a terminal: the bar (carriage returns on stderr) carries the periodic records,
+    and only the evaluations are lines."""
+    main, other = pty.openpty()
+    fcntl.ioctl(other, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns for the bar
+    try:
+        proc = train(data_dir, tmp_path / "run", other)
+        os.close(other)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal's other end is closed: all of it was read
+                break
+            if not chunk:
+                break
+            err += chunk
+    finally:
+        os.close(main)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, err
+    assert b"\r" in err and b"4/4" in err
+    assert not any(line.startswith("iter 1 | loss ") for line in out.splitlines()), out
+    assert sum("val_loss" in line for line in out.splitlines()) == 3, out
