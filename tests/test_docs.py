@@ -1,0 +1,129 @@
+"""The pages: every command in README.md and docs/*.md names a script that exists and only options that script
+(and, for train.py, the model file it names) has; every generated table's markers are in exactly one page, which
+common.update_readme rewrites; the README stays short and opens on the wiring figure."""
+import contextlib
+import glob
+import importlib
+import io
+import os
+import re
+import shlex
+
+import pytest
+
+import common
+from conftest import ROOT
+
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+LOOP = re.compile(r"for (\w+) in ([^;]+); do (.+); done")
+
+
+def commands(text):
+    """Every `python X.py ...` or `torchrun ... X.py ...` command of a page: the lines of its sh blocks (a trailing
+    backslash continues a line) and its inline code spans; a for loop's body with its first value."""
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        found += block.replace("\\\n", " ").splitlines()
+    found += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    out = []
+    for line in found:
+        loop = LOOP.search(line)
+        if loop:
+            var, values, body = loop.groups()
+            line = re.sub(r"\$\{%s\}|\$%s\b" % (var, var), values.split()[0], body)
+        for part in re.split(r"&&|;", line):
+            try:
+                words = shlex.split(part, comments=True)
+            except ValueError:  # an unbalanced quote: prose in backticks, not a command
+                continue
+            while words and re.fullmatch(r"\w+=\S*", words[0]):  # OMP_NUM_THREADS=1 python ...
+                words = words[1:]
+            if words[:1] == ["python"] and len(words) > 1 and words[1].endswith(".py"):
+                out.append((words[1], words[2:]))
+            elif words[:1] == ["torchrun"]:
+                i = next(i for i, w in enumerate(words) if w.endswith(".py"))
+                out.append((words[i], words[i + 1:]))
+    return out
+
+
+@contextlib.contextmanager
+def quiet():
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
+        yield out
+
+
+def options_of(script, argv):
+    """The options a script's own --help defines (train.py: with those of the model file argv names, or of every
+    model file where it names a placeholder such as NAME)."""
+    module = importlib.import_module(script[:-3])
+    model = argv[argv.index("--model") + 1] if "--model" in argv else None
+    models = [model] if model in common.model_names() else common.model_names() if model else [None]
+    known = set()
+    for name in models:
+        with quiet() as out, pytest.raises(SystemExit):
+            module.parse_args((["--model", name] if name else []) + ["--help"])
+        known |= set(re.findall(r"(?m)^  (?:-\w, )?(--\w+)", out.getvalue()))  # defined, not named in prose
+    return known
+
+
+def test_every_command_names_a_script_and_options_that_exist():
+    seen, bad = 0, []
+    for page in PAGES:
+        for script, argv in commands(open(page, encoding="utf-8").read()):
+            where = f"{os.path.relpath(page, ROOT)}: {script} {' '.join(argv)}"
+            if not os.path.isfile(os.path.join(ROOT, script)):
+                if os.path.dirname(script).startswith(".."):  # another checkout's file (nanoGPT's model.py)
+                    continue
+                bad.append(f"{where}: no such script")
+                continue
+            known = options_of(script, argv)
+            for word in argv:
+                name = word.split("=")[0]
+                if name.startswith("--") and name not in known:
+                    bad.append(f"{where}: {script} has no {name}")
+            seen += 1
+    assert not bad, "\n".join(bad)
+    assert seen > 80  # the pages' commands were found
+
+
+def test_a_misspelt_option_is_caught():
+    text = "```sh\npython eval.py --out_dir out/x --wirring\n```\nand `python train.py --model vertical --va_lrr 1`"
+    found = commands(text)
+    assert found == [("eval.py", ["--out_dir", "out/x", "--wirring"]),
+                     ("train.py", ["--model", "vertical", "--va_lrr", "1"])]
+    assert "--wirring" not in options_of("eval.py", found[0][1]) and "--wiring" in options_of("eval.py", [])
+    assert "--va_lr" in options_of("train.py", found[1][1]) and "--va_lr" not in options_of("train.py", [])
+
+
+def test_each_generated_table_lives_in_one_page_and_is_rewritten_there(tmp_path, monkeypatch):
+    tags = {}
+    for page in PAGES:
+        for tag in re.findall(r"<!-- (\S+):start -->", open(page, encoding="utf-8").read()):
+            tags.setdefault(tag, []).append(os.path.relpath(page, ROOT))
+    assert all(len(pages) == 1 for pages in tags.values()), tags
+    assert tags["results"] == ["README.md"] and tags["recipes"] == ["docs/recipes.md"]
+    assert tags["results/kernels.json"] == ["docs/benchmarks.md"]
+    # update_readme finds the page that holds the markers, in a copy of the layout
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\n")
+    (tmp_path / "docs" / "benchmarks.md").write_text("a\n<!-- results/kernels.json:start -->\nold\n"
+                                                    "<!-- results/kernels.json:end -->\nb\n")
+    monkeypatch.setattr(common, "HERE", str(tmp_path))
+    assert common.update_readme("new\n", "results/kernels.json") == [str(tmp_path / "docs" / "benchmarks.md")]
+    assert (tmp_path / "docs" / "benchmarks.md").read_text() == ("a\n<!-- results/kernels.json:start -->\nnew\n"
+                                                                 "<!-- results/kernels.json:end -->\nb\n")
+    assert "old" in (tmp_path / "README.md").read_text()
+    assert common.update_readme("x\n", "results/none") == []  # no page holds it: a note, nothing written
+
+
+def test_the_readme_is_short_and_opens_on_the_wiring_figure():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    lines = text.splitlines()
+    assert len(lines) <= 350
+    first_figure = re.search(r"!\[[^\]]*\]\(([^)]+)\)", text).group(1)
+    assert first_figure == "docs/wiring.png" and os.path.isfile(os.path.join(ROOT, first_figure))
+    assert lines.index("## Quick start") < 80
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every page it sends the reader to is there
+        assert os.path.isfile(os.path.join(ROOT, link)), link
+    for page in ("scripts", "results", "benchmarks", "huggingface", "recipes", "tests"):
+        assert f"(docs/{page}.md)" in text, page
