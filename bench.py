@@ -83,8 +83,9 @@ class BenchConfig:
     baseline: str = option("", "--decode: also time the eager generate() of the model_*.py files in this folder "
                            "(another checkout, e.g. from before a change), with the same weights, in the same rounds",
                            path=True)
-    update_readme: bool = option(False, "--decode: also rewrite README.md's copy of the table, between the markers "
-                                 "<!-- JSON:start --> and <!-- JSON:end --> of the --json path")
+    update_readme: bool = option(False, "--decode: also rewrite the copy of the table between the markers "
+                                 "<!-- JSON:start --> and <!-- JSON:end --> of the --json path, in the page of "
+                                 "README.md or docs/ that holds them (docs/benchmarks.md)")
 
 
 def saved_tensor_bytes(model, x, y):
@@ -458,8 +459,8 @@ def main(argv):
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
     if args.update_readme and not (args.decode and args.json):
-        raise ConfigError("--update_readme writes the --decode table into README.md: give --decode, and --json "
-                          "(its path names the README's markers)")
+        raise ConfigError("--update_readme writes the --decode table into the page that holds its markers: give "
+                          "--decode, and --json (its path names the markers)")
     batches = check_decode_options(args) if args.decode else None
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
     if args.size == "small":  # the model files' own defaults: write them out, for the record
