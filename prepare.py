@@ -12,17 +12,25 @@ train.bin and val.bin are flat arrays of token ids (uint16 when the vocabulary f
 document ends with the end-of-text token. Whole documents go to val with probability --val_fraction (seeded,
 so the split is reproducible); a corpus too small to give val any document gives it its last tokens instead.
 meta.json names the tokenizer so that train.py, sample.py and eval.py can re-create it with get_tokenizer().
-The files are written under temporary names and renamed into place (meta.json last) only when the whole run
-has succeeded: a run that fails leaves an earlier data set of the same name as it was.
+A data set is replaced whole or not at all: the three files are written into a sibling folder (.NAME.tmp-PID)
+that takes the data set's place in one step (an atomic exchange of the two folders, renameat2 on Linux) only
+when the whole run has succeeded, so that a run that fails or is killed at any point leaves the earlier data set
+of that name as it was, readable by train.py; what a killed run left behind is removed by the next run. A corpus
+too small to train on (a split of fewer tokens than train.py needs at its default --block_size) replaces
+nothing.
 """
 import contextlib
+import ctypes
 import dataclasses
+import errno
 import glob
 import importlib
 import importlib.util
 import itertools
 import os
 import re
+import shutil
+import sys
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
@@ -30,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import ConfigError, to_json, main_boundary, option, parse_simple
+from common import ConfigError, load_model_module, to_json, main_boundary, option, parse_simple
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -263,25 +271,93 @@ def main(argv=None):
     out = Path(args.out_dir) / name
     if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
         raise ConfigError(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
-    created = [p for p in (out, *out.parents) if not p.exists()]  # the folders this run makes, deepest first
-    out.mkdir(parents=True, exist_ok=True)
-    # everything is written to temporary files next to the real ones and renamed into place only once the
-    # whole run has succeeded: a run that fails half-way leaves an earlier data set of the same name intact
-    tmp = {f: out / f".{f}.tmp{os.getpid()}" for f in ("train.bin", "val.bin", "meta.json")}
+    remove_leftovers(out)
+    foreign = sorted(set(os.listdir(out)) - set(FILES)) if out.is_dir() else []
+    if foreign:  # the folder is replaced whole: nothing of the user's may be in it
+        raise ConfigError(f"{out} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}, which "
+                          "prepare.py did not write, and a data set is replaced whole; move it away or choose "
+                          "another --name")
+    created = [p for p in out.parents if not p.exists()]  # the folders this run makes, deepest first
+    # the new set is written into a sibling folder and takes the old one's place in one step, only once the whole
+    # run has succeeded: a run that fails or is killed at any point leaves an earlier data set intact
+    tmp = out.parent / f".{name}.tmp-{os.getpid()}"
+    tmp.mkdir(parents=True)
     try:
-        counts = write_splits(args, docs, name, dataset, dtype, tmp["train.bin"], tmp["val.bin"])
+        counts = write_splits(args, docs, name, dataset, dtype, tmp / "train.bin", tmp / "val.bin")
         meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
                 "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
-        tmp["meta.json"].write_text(to_json(meta, indent=2) + "\n")
-        for f in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it vouches for the two others
-            os.replace(tmp[f], out / f)
+        (tmp / "meta.json").write_text(to_json(meta, indent=2) + "\n")
+        for f in FILES:  # on disk before the swap: a crash of the machine after it finds them whole
+            with open(tmp / f, "rb+") as fh:
+                os.fsync(fh.fileno())
+        replace_folder(tmp, out)
     finally:
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
         for folder in created:  # the folders this failed run made, if it left nothing in them
-            if not any(folder.iterdir()):
+            if folder.exists() and not any(folder.iterdir()):
                 folder.rmdir()
     print(f"wrote {out}: {counts['train']:,} train and {counts['val']:,} val tokens ({meta['dtype']})")
+
+
+FILES = ("train.bin", "val.bin", "meta.json")  # a data set, as prepare.py writes it
+RENAME_EXCHANGE = 2  # renameat2's flag (Linux); macOS's renamex_np calls it RENAME_SWAP, also 2
+
+
+def exchange(a, b):
+    """Swap the folders a and b in one atomic step; False where the system or the file system cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if sys.platform.startswith("linux") and hasattr(libc, "renameat2"):
+        done = libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), RENAME_EXCHANGE) == 0  # -100: AT_FDCWD
+    elif sys.platform == "darwin" and hasattr(libc, "renamex_np"):
+        done = libc.renamex_np(os.fsencode(a), os.fsencode(b), RENAME_EXCHANGE) == 0
+    else:
+        return False
+    if not done and ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+    return done
+
+
+def replace_folder(new, out):
+    """The complete folder `new` becomes `out` in one step: a rename where out does not exist, else an exchange of
+    the two (the old set then sits at new's name, and is removed). Where no exchange is possible, out is first
+    renamed aside (.NAME.old-PID), which remove_leftovers() of the next run puts back if the run was killed
+    between the two renames."""
+    if not out.exists():
+        os.rename(new, out)
+    elif exchange(new, out):
+        shutil.rmtree(new)  # the old set
+    else:
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+        os.rename(new, out)
+        shutil.rmtree(old)
+
+
+def running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        pass
+    return True
+
+
+def remove_leftovers(out):
+    """What runs killed before they finished left beside out (and, from versions that wrote into it, in out): their
+    temporary folders and files, and an old set renamed aside whose replacement never came (put back)."""
+    for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.*-*")) if out.parent.is_dir() else ():
+        kind, _, pid = path.name[len(out.name) + 2:].partition("-")
+        if kind not in ("tmp", "old") or not pid.isdigit() or running(int(pid)):
+            continue  # not ours, or a run that is still going
+        if kind == "old" and not out.exists():
+            os.rename(path, out)
+        else:
+            shutil.rmtree(path)
+    for path in out.glob(".*.tmp*") if out.is_dir() else ():
+        if path.name[1:].split(".tmp")[0] in FILES and path.is_file():
+            path.unlink()
 
 
 def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
@@ -307,17 +383,32 @@ def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
         print(f"stopped at --max_tokens={args.max_tokens:,}")
     if counts["train"] + counts["val"] < 2:
         raise ConfigError(f"found no text to tokenize in {dataset}")
-
-    if counts["val"] == 0:
-        # too few documents for any to be drawn: val gets the last val_fraction of train's tokens
-        n = max(1, round(args.val_fraction * counts["train"]))
-        keep = counts["train"] - n
-        np.fromfile(train_path, dtype=dtype, offset=keep * dtype().itemsize).tofile(val_path)
-        os.truncate(train_path, keep * dtype().itemsize)
-        counts = {"train": keep, "val": n}
-    elif counts["train"] == 0:
-        raise ConfigError(f"every document of {dataset} went to val; lower --val_fraction")
+    least = MIN_SPLIT
+    if counts["train"] + counts["val"] < 2 * least:
+        raise ConfigError(f"{dataset}: {counts['train'] + counts['val']:,} tokens in all, too few to train on: "
+                          f"train.py needs {least} in each split at its default --block_size {least - 2} ({2 * least} "
+                          "in all); add text")
+    if counts["val"] < least:
+        # too few documents drawn for val to hold one window: val also gets the last tokens of train, at least
+        # val_fraction of them (a single document's corpus has no other way to give val any)
+        n = min(max(least - counts["val"], round(args.val_fraction * counts["train"]) if not counts["val"] else 0),
+                counts["train"] - least)
+        keep, size = counts["train"] - n, dtype().itemsize
+        drawn = np.fromfile(val_path, dtype=dtype)
+        np.concatenate([np.fromfile(train_path, dtype=dtype, offset=keep * size), drawn]).tofile(val_path)
+        os.truncate(train_path, keep * size)
+        counts = {"train": keep, "val": n + len(drawn)}
+    if counts["val"] < least or counts["train"] < least:
+        small = "val" if counts["val"] < least else "train"
+        raise ConfigError(f"{dataset}: {counts[small]:,} {small} tokens (--val_fraction {args.val_fraction}), too "
+                          f"few to train on: train.py needs {least} in each split at its default --block_size "
+                          f"{least - 2}; {'lower' if small == 'train' else 'raise'} --val_fraction or add text")
     return counts
+
+
+# the fewest tokens a split may hold: train.py draws windows of block_size + 1 tokens from at least one offset at
+# the model files' default block_size (a data set it could not train on without options is not made)
+MIN_SPLIT = load_model_module("vanilla").GPTConfig.block_size + 2
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_byte_tokenizer():
 
 
 def test_local_txt_and_jsonl_files(tmp_path):
-    notes = "First line.\nSecond line.\n"
+    notes = "First line.\nSecond line.\n" * 30  # enough for a window of the default block in each split
     (tmp_path / "notes.txt").write_text(notes)
     rows = [{"text": "doc one", "id": 1}, {"text": "doc two é", "id": 2}, {"text": "", "id": 3}]
     (tmp_path / "web.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -155,6 +155,7 @@ def existing(tmp_path_factory):
     """A data set "d" prepared from a small file, and the input files that make a run fail."""
     root = tmp_path_factory.mktemp("errors")
     (root / "d.txt").write_text("The data set a failed run must not destroy.\n" * 20)
+    (root / "tiny.txt").write_text("\n" * 20)  # text, but too little to train on
     prepare.main(["--files", str(root / "d.txt"), "--out_dir", str(root / "data"), "--num_proc=1"])
     (root / "empty.txt").write_bytes(b"")
     (root / "binary.txt").write_bytes(bytes(range(128, 256)) * 8)  # not UTF-8
@@ -168,6 +169,10 @@ def existing(tmp_path_factory):
 ERRORS = [
     pytest.param(["--files", "{root}/empty.txt"], "found no text to tokenize in empty.txt", id="empty_txt"),
     pytest.param(["--files", "{root}/binary.txt"], "binary.txt is not UTF-8 text", id="binary_txt"),
+    pytest.param(["--files", "{root}/tiny.txt"], "tiny.txt: 21 tokens in all, too few to train on: train.py needs "
+                 "258 in each split at its default --block_size 256", id="too_little_text"),
+    pytest.param(["--files", "{root}/d.txt", "--val_fraction=0.99"], "d.txt: 0 train tokens (--val_fraction 0.99), "
+                 "too few to train on", id="every_document_to_val"),
     pytest.param(["--files", "{root}/nofield.jsonl"],
                  "has no field 'text' (its fields: body); set --text_field", id="jsonl_without_text_field"),
     pytest.param(["--files", "{root}/broken.jsonl"],
