@@ -94,7 +94,27 @@ def read_run(cfg, model_args, module, explicit, meta):
         raise ConfigError(f"the run in {cfg.out_dir} is at step {ckpt['iter_num']}, past --max_iters {cfg.max_iters}: "
                           f"nothing to train; pass --max_iters above {ckpt['iter_num']} to go on")
     check_resume(cfg, model_args, explicit, ckpt, meta, path)
+    keep_schedule(cfg, explicit, ckpt)
     return ckpt, ckpt["model_args"]  # the architecture is the checkpoint's
+
+
+def keep_schedule(cfg, explicit, ckpt):
+    """A resumed run whose cosine has begun keeps its horizon, the step where it reaches min_lr (saved in the
+    checkpoint's train_config): with the default --lr_decay_iters 0 the horizon would follow a new --max_iters, and
+    the learning rate, already decayed, would jump at the resumed step. cfg.lr_decay_iters is set to the saved
+    horizon, which the next checkpoint saves again; --lr_decay_iters given on the command line sets another. A run
+    saved within its warm-up, whose learning rates did not depend on the horizon, takes the new one: it then
+    equals the uninterrupted run of the new --max_iters."""
+    saved = ckpt.get("train_config") or {}
+    horizon = saved.get("lr_decay_iters") or saved.get("max_iters")
+    if (not cfg.decay_lr or not saved.get("decay_lr", True) or "lr_decay_iters" in explicit
+            or type(horizon) is not int or horizon == (cfg.lr_decay_iters or cfg.max_iters)
+            or ckpt["iter_num"] <= cfg.warmup_iters):
+        return
+    cfg.lr_decay_iters = horizon
+    if os.environ.get("RANK", "0") == "0":
+        print(f"note: the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as "
+              f"saved, not at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step", file=sys.stderr)
 
 
 def check_resume(cfg, model_args, explicit, ckpt, meta, path):

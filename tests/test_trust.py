@@ -5,6 +5,7 @@ replaces nothing; a resumed run keeps its learning-rate schedule. (A preset with
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -69,3 +70,130 @@ def test_a_checkpoint_with_a_pickled_callable_runs_nothing(script, args, run, da
     assert_one_error_line(code, err, f"the checkpoint {hostile / 'ckpt.pt'} holds posix.system")
     assert "could run code" in err and not marker.exists()
     assert checksums(tmp_path) == before
+
+
+# ---- prepare.py: a data set is replaced whole or not at all ----------------------------------------------------
+
+def killed_prepare(point, argv, exchange):
+    """prepare.main(argv) in a forked copy of this process, killed (SIGKILL, as by the OOM killer) just before or
+    just after the n-th call of one of the file system steps that replace a data set (point "before:n" or
+    "after:n"); exchange False runs it as on a system without an atomic exchange of two folders (renames one by
+    one). Returns the steps it called and how it ended: "killed" or its exit code."""
+    import prepare
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own copies of os.rename and the others, so the test process keeps the real ones
+        code = 1
+        try:
+            os.close(read)
+            when, n = point.split(":")
+            steps = []
+
+            def killing(f, name):
+                def step(*args):
+                    steps.append(name)
+                    os.write(write, name.encode() + b" ")
+                    if when == "before" and len(steps) == int(n):
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    out = f(*args)
+                    if when == "after" and len(steps) == int(n):
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return out
+                return step
+            os.rename, shutil.rmtree = killing(os.rename, "rename"), killing(shutil.rmtree, "rmtree")
+            prepare.exchange = killing(prepare.exchange if exchange else lambda a, b: False, "exchange")
+            prepare.main(argv)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        steps = f.read().split()
+    _, status = os.waitpid(pid, 0)
+    return steps, "killed" if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def readable(folder):
+    """What train.py checks before it trains on a data set: meta.json, and both splits whole and as it says."""
+    from common import read_meta
+    from train_setup import check_splits
+    meta = read_meta(str(folder.parent), folder.name)
+    check_splits(str(folder.parent), folder.name, meta, 256, meta["vocab_size"])
+    return meta["dataset"]
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "renames"])
+def test_a_killed_prepare_leaves_a_whole_data_set(exchange, tmp_path):
+    """Killed at every step that replaces the data set, prepare.py leaves the old one or the new one, whole (with
+    renames one by one, the next run puts the old one back); the next run removes what the killed one left, and a
+    corpus too small to train on replaces nothing."""
+    import prepare
+    from common import ConfigError
+    (tmp_path / "old.txt").write_text("The data set a killed run must not split. " * 20)
+    (tmp_path / "new.txt").write_text("Its replacement, whole or not at all. " * 20)
+    (tmp_path / "tiny.txt").write_text("\n\n\n")
+    data = tmp_path / "data"
+    args = ["--out_dir", str(data), "--name=d", "--num_proc=1", "--files"]
+    prepare.main([*args, str(tmp_path / "old.txt")])
+    original = checksums(data / "d")
+    steps, _ = killed_prepare("after:99", [*args, str(tmp_path / "new.txt")], exchange)
+    assert steps == (["exchange", "rmtree"] if exchange else ["exchange", "rename", "rename", "rmtree"])
+    for point in [f"{when}:{n}" for n in range(1, len(steps) + 1) for when in ("before", "after")]:
+        prepare.main([*args, str(tmp_path / "old.txt")])
+        assert checksums(data / "d") == original and os.listdir(data) == ["d"]
+        _, end = killed_prepare(point, [*args, str(tmp_path / "new.txt")], exchange)
+        assert end == "killed", point
+        if exchange or point == "before:1":  # swapped in one step: whole at every point
+            assert readable(data / "d") in ("old.txt", "new.txt"), point
+        with pytest.raises(ConfigError, match="tiny.txt: 4 tokens in all, too few to train on"):
+            prepare.main([*args, str(tmp_path / "tiny.txt")])  # it first puts back or removes what was left
+        assert os.listdir(data) == ["d"], (point, os.listdir(data))
+        assert readable(data / "d") in ("old.txt", "new.txt"), point
+        if readable(data / "d") == "old.txt":
+            assert checksums(data / "d") == original, point
+    prepare.main([*args, str(tmp_path / "new.txt")])
+    assert readable(data / "d") == "new.txt" and os.listdir(data) == ["d"]
+    assert sorted(os.listdir(data / "d")) == ["meta.json", "train.bin", "val.bin"]
+
+
+# ---- the learning-rate schedule survives --resume --------------------------------------------------------------
+
+def lrs(run):
+    return [r["lr"] for r in map(json.loads, open(run / "log.jsonl")) if "lr" in r]
+
+
+def same_state(a, b):
+    """The weights and the optimiser state of two checkpoints, bit for bit."""
+    a, b = (torch.load(r / "ckpt.pt", weights_only=True) for r in (a, b))
+    assert a["iter_num"] == b["iter_num"]
+    for name, t in a["model"].items():
+        assert torch.equal(t, b["model"][name]), name
+    for i, state in a["optimizer"]["state"].items():
+        assert all(torch.equal(v, b["optimizer"]["state"][i][k]) for k, v in state.items()), i
+
+
+@pytest.mark.parametrize("options", [[], ["--warmup_iters=2"]], ids=["defaults", "short_warmup"])
+def test_a_run_resumed_with_more_steps_is_the_longer_run(options, data, tmp_path, capsys):
+    """4 steps, resumed to 8, equal 8 steps bit for bit with the default options (saved within the warm-up, the run
+    takes the new horizon, and the next checkpoint saves it). With a cosine that has begun (a short warm-up), the
+    resumed run keeps the horizon it was saved with (step 4), says so in one line, and equals the run that had that
+    horizon from the start: the learning rate never jumps back up."""
+    args = ["--data_dir", str(data), "--log_interval=1", *TINY, *options]
+    train.main([*args, "--out_dir", str(tmp_path / "part"), "--max_iters=4"])
+    capsys.readouterr()
+    train.main([*args, "--out_dir", str(tmp_path / "part"), "--max_iters=8", "--resume"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    horizon = [] if not options else ["--lr_decay_iters=4"]  # the uninterrupted run the resumed one must equal
+    train.main([*args, "--out_dir", str(tmp_path / "full"), "--max_iters=8", *horizon])
+    same_state(tmp_path / "part", tmp_path / "full")
+    assert lrs(tmp_path / "part") == lrs(tmp_path / "full")
+    if options:
+        assert notes == ["note: the run keeps its learning-rate schedule: the cosine reaches --min_lr at step 4 as "
+                         "saved, not at --max_iters 8; pass --lr_decay_iters to set another step"], notes
+        assert lrs(tmp_path / "part")[4:] == [1e-4] * 4  # past the horizon: min_lr, not a jump back up
+        saved = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)["train_config"]
+        assert (saved["lr_decay_iters"], saved["max_iters"]) == (4, 8)  # the horizon is kept for the next resume
+    else:
+        assert notes == []
+        saved = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)["train_config"]
+        assert (saved["lr_decay_iters"], saved["max_iters"]) == (0, 8)  # as the uninterrupted run's
