@@ -839,7 +839,8 @@ def wiring_panels(args):
             raise ConfigError(f"--wiring {entry}: {e} (or `init` for the models at initialisation)")
         model.eval()
         idx = wiring_tokens(args, ckpt, model.config)
-        caption = f"{os.path.normpath(run_folder(entry))}: {ckpt['model_name']}, {describe_run(ckpt)}"
+        folder = os.path.basename(os.path.abspath(run_folder(entry)))  # short: one line over a narrow panel
+        caption = f"{folder}: {ckpt['model_name']}, step {ckpt.get('iter_num', '?')}"
         panels.append((caption, *wiring(model, idx, args.seed)))
     return panels
 
