@@ -1,35 +1,80 @@
 """
-Eager kernels per training step and per decode step, for every model file: what a laptop, a CPU or Apple MPS pays
-for, where torch.compile does not fuse them (every launch counts there).
+Kernels per training step and per decode step, for every model file: eager, what a laptop, a CPU or Apple MPS pays
+for (every launch counts there), and compiled, what torch.compile makes of the same step (train.py's default on a
+GPU), where each generated kernel is about one pass over memory.
 
-    python kernels.py                                   # every model file at GPT-2 small's shape, as in the README
-    python kernels.py --json results/kernels.json --update_readme   # the README's table
+    python kernels.py                                   # eager, every model file at GPT-2 small's shape
+    python kernels.py --json results/kernels.json --update_readme   # the eager table of docs/benchmarks.md
+    python kernels.py --compiled --size small --runs all --json results/kernels_compiled.json --update_readme
     python kernels.py --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
-    python kernels.py --device cuda --json results/h200/kernels.json --update_readme   # the launches on a GPU
+    python kernels.py --device cuda --json results/h100/kernels.json --update_readme   # the launches on a GPU
 
-On the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
+Eager, on the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
 operator whose result aliases its input: view, transpose, expand, split, detach, _unsafe_view, ...) and operators
 that return no tensor are left out, and the training step runs in float32. On CUDA a kernel is one launch on the
 GPU as torch.profiler records it (an operator may launch none, one or several), and the training step runs under
-bf16 autocast, as train.py runs it there. The training step is one forward with targets and its backward; the
-decode step is generate.py's decode_step at the middle of the context, after a prefill. The counts depend on the
-shapes only through which operators run, not on their sizes, so a small batch gives the same count as a large one.
+bf16 autocast, as train.py runs it there. Compiled (--compiled), a kernel is one that inductor generates
+(torch._inductor.metrics.generated_kernel_count: a C++ loop nest on the CPU, a Triton kernel on CUDA) while it
+compiles the step with fullgraph=True (a graph break is an error) and its caches off; the matmuls and attention,
+library calls, are not among them. The training step is one forward with targets and its backward; the decode step
+is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
+as sample.py --compile runs it). Eager counts depend on the shapes only through which operators run, not on their
+sizes; compiled counts can change with the shape (inductor splits a large reduction), so a table names its shape.
 """
-import argparse
 import collections
 import importlib.util
 import json
 import os
+import shlex
 import sys
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import (ArgumentParser, ConfigError, autocast, build_model, check_output, hardware_name,
-                    load_model_module, main_boundary, model_names, resolve_device, update_readme)
-from generate import cache_for, decode_step, inference
+from bench import RUNS
+from common import (ConfigError, autocast, build_model, explicit_options, hardware_name, load_model_module,
+                    main_boundary, model_names, option, parse_simple, resolve_device, update_readme)
+from generate import cache_for, compile_decode_step, decode_step, inference
 
-SHAPE = dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, ffn_hidden=3072, vocab_size=50304)  # GPT-2 small
+# --size: the shape options' values when not given; gpt2 is GPT-2 small's, small the model files' own defaults
+SHAPES = {
+    "gpt2": dict(n_layer=12, n_head=12, n_kv_head=12, n_embd=768, ffn_hidden=3072, vocab_size=50304, batch_size=4,
+                 block_size=256),
+    "small": dict(n_layer=6, n_head=4, n_kv_head=2, n_embd=128, ffn_hidden=512, vocab_size=256, batch_size=2,
+                  block_size=64),
+}
+MODEL_SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "vocab_size")
+
+
+@dataclass
+class KernelsConfig:
+    size: str = option("gpt2", "the shape: gpt2 = GPT-2 small's (12 x 768, vocab 50304, batch 4 x 256), small = the "
+                       "model files' defaults (6 x 128, vocab 256, batch 2 x 64); the shape options given override it",
+                       choices=tuple(SHAPES))
+    n_layer: int = option(12, "number of layers (--size gpt2's)", min=1)
+    n_head: int = option(12, "query heads (--size gpt2's)", min=1)
+    n_kv_head: int = option(12, "key/value heads (--size gpt2's)", min=1)
+    n_embd: int = option(768, "model width (--size gpt2's)", min=1)
+    ffn_hidden: int = option(3072, "SwiGLU hidden size (--size gpt2's)", min=1)
+    vocab_size: int = option(50304, "vocabulary size (--size gpt2's)", min=1)
+    batch_size: int = option(4, "sequences in the training step (--size gpt2's)", min=1)
+    block_size: int = option(256, "context length: the training step's tokens per sequence; the decode step runs at "
+                             "its middle, after a prefill of half of it (--size gpt2's)", min=2)
+    runs: str = option("", "comma-separated labels to count: model files, or variants as bench.py names them "
+                       "(vertical-unet, attnres-full, ...); '' = every model file, all = every model file and "
+                       "variant; vanilla is always counted (the ratios' base)")
+    compiled: bool = option(False, "count the kernels inductor generates for the compiled steps instead of the eager "
+                            "operators")
+    model_file: str = option("", "count nanoGPT's model.py (GPT, GPTConfig: a training step) or gpt-fast's "
+                             "(Transformer, ModelArgs: a decode step) instead of this repository's model files",
+                             path=True)
+    device: str = option("cpu", "cpu: ATen operators (float32); cuda: the GPU's kernel launches (bf16 autocast)",
+                         choices=("cpu", "cuda"))
+    json: str = option("", "also write the counts here", path=True, out="file")
+    top: int = option(6, "operators listed per row of the eager table", min=0)
+    update_readme: bool = option(False, "also write the table between the markers of the --json file, in the page "
+                                 "of README.md or docs/ that holds them")
 
 
 class KernelCount(TorchDispatchMode):
@@ -63,20 +108,37 @@ def count(fn, device=torch.device("cpu")):
     return counter.ops
 
 
-def training_step(model, batch_size, block_size, vocab_size, device=torch.device("cpu")):
+def generated(fn):
+    """{"generated": n}: the kernels inductor generates while fn() compiles (and runs) a step, with every cache off
+    (a cached graph generates nothing) and dynamo's state reset first (nothing compiled before is reused)."""
+    import torch._inductor.config
+    import torch._inductor.metrics as metrics
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        metrics.reset()
+        fn()
+        n = metrics.generated_kernel_count
+    torch._dynamo.reset()
+    return collections.Counter({"generated": n})
+
+
+def training_step(model, batch_size, block_size, vocab_size, device=torch.device("cpu"), compiled=False):
     idx = torch.randint(0, vocab_size, (batch_size, block_size), device=device)
     model.train()
+    forward = torch.compile(model, fullgraph=True) if compiled else model
 
     def step():
         with autocast(device, "float32" if device.type == "cpu" else "bfloat16"):
-            loss = model(idx, idx)[1]
+            loss = forward(idx, idx)[1]
         loss.backward()
+        model.zero_grad(set_to_none=True)
+    if compiled:
+        return generated(step)
     step()  # once before counting: lazily made state (rotary tables on first use, grads' buffers)
-    model.zero_grad(set_to_none=True)
     return count(step, device)
 
 
-def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size=1):
+def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size=1, compiled=False):
     model.eval()
     forward, cache_class = inference(model)
     cache = cache_for(model, cache_class, batch_size, device)
@@ -84,6 +146,8 @@ def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size
     with torch.no_grad():
         forward(prompt, cache=cache, input_pos=torch.arange(block_size // 2, device=device))
     token, pos = prompt[:, -1:], torch.tensor([block_size // 2], device=device)
+    if compiled:  # the step sample.py --compile runs: one graph, a CUDA graph on CUDA
+        return generated(lambda: compile_decode_step(model, device)(token, pos, cache))
     decode_step(model, token, pos, cache)  # once before counting
     return count(lambda: decode_step(model, token, pos + 1, cache), device)
 
@@ -91,11 +155,18 @@ def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size
 def external(path, args, device):
     """Another repository's model file at the same shape: the training step of nanoGPT's GPT(GPTConfig), or one
     decode step of gpt-fast's Transformer(ModelArgs) after a prefill to the middle of the context."""
+    if not path.endswith(".py") or not os.path.isfile(path):
+        raise ConfigError(f"--model_file {path} is {'not a file' if not os.path.isfile(path) else 'no .py file'}: "
+                          "give the path of nanoGPT's or gpt-fast's model.py")
     spec = importlib.util.spec_from_file_location("external_model", path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    spec.loader.exec_module(module)
-    if hasattr(module, "Transformer"):  # gpt-fast
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the file's own code: whatever it raises, the user's fix is in that file
+        raise ConfigError(f"--model_file {path} does not import ({type(e).__name__}: {e}); give nanoGPT's or "
+                          "gpt-fast's model.py")
+    if hasattr(module, "Transformer") and hasattr(module, "ModelArgs"):  # gpt-fast
         model = module.Transformer(module.ModelArgs(
             n_layer=args.n_layer, n_head=args.n_head, n_local_heads=args.n_kv_head, dim=args.n_embd,
             intermediate_size=args.ffn_hidden, vocab_size=args.vocab_size, block_size=args.block_size)).to(device)
@@ -107,66 +178,86 @@ def external(path, args, device):
             token = torch.randint(0, args.vocab_size, (1, 1), device=device)
             model(token, torch.tensor([half], device=device))  # once before counting, as decode() does
             return "decode step", count(lambda: model(token, torch.tensor([half + 1], device=device)), device)
+    if not (hasattr(module, "GPT") and hasattr(module, "GPTConfig")):
+        raise ConfigError(f"--model_file {path} defines neither GPT and GPTConfig (nanoGPT) nor Transformer and "
+                          "ModelArgs (gpt-fast); give one of those model.py files")
     config = module.GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                               vocab_size=args.vocab_size, block_size=args.block_size, bias=False, dropout=0.0)
     model = module.GPT(config).to(device)
     return "forward + backward", training_step(model, args.batch_size, args.block_size, args.vocab_size, device)
 
 
-def main(argv=None):
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in SHAPE.items():
-        parser.add_argument(f"--{name}", type=int, default=default, help=f"(default: {default})")
-    parser.add_argument("--batch_size", type=int, default=4, help="(default: 4)")
-    parser.add_argument("--block_size", type=int, default=256, help="(default: 256)")
-    parser.add_argument("--model_file", default="", help="count nanoGPT's model.py (GPT, GPTConfig: a "
-                        "training step) or gpt-fast's (Transformer, ModelArgs: a decode step) instead of this "
-                        "repository's model files (default: none)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu: ATen operators, float32; "
-                        "cuda: the GPU's kernel launches, bf16 autocast (default: cpu)")
-    parser.add_argument("--json", default="", help="also write the counts here (default: none)")
-    parser.add_argument("--top", type=int, default=6, help="operators listed per row (default: 6)")
-    parser.add_argument("--update_readme", action="store_true", help="also write the table into README.md between "
-                        "the markers of the --json file (default: off)")
-    args = parser.parse_args(argv)
+def parse_args(argv):
+    args = parse_simple(KernelsConfig, argv, __doc__)
+    given = explicit_options(argv)
+    for name, value in SHAPES[args.size].items():  # the --size shape, where an option was not given
+        if name not in given:
+            setattr(args, name, value)
     if args.update_readme and not args.json:
         raise ConfigError("--update_readme writes the table of a --json file; give --json too")
-    if args.json:
-        check_output("--json", args.json, "file")  # before the counting, which takes minutes at full size
+    if args.model_file and args.compiled:
+        raise ConfigError("--compiled counts this repository's model files; drop --model_file or --compiled")
+    labels = {r[0] for r in RUNS}
+    wanted = (set(model_names()) if not args.runs else labels if args.runs == "all" else
+              set(args.runs.split(",")) | {"vanilla"})
+    unknown = wanted - labels
+    if unknown:
+        raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from all, {', '.join(sorted(labels))}")
+    args.labels = [r for r in RUNS if r[0] in wanted]
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     device = resolve_device(args.device)
     torch.manual_seed(0)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.model_file:
         what, ops = external(args.model_file, args, device)
         print(f"{args.model_file}: {sum(ops.values())} kernels per {what}; {dict(ops.most_common(8))}")
         return
     rows = {}
-    for name in model_names():
+    for label, name, overrides in args.labels:
         module = load_model_module(name)
-        model = build_model(module, {**{k: getattr(args, k) for k in SHAPE}, "block_size": args.block_size},
+        model = build_model(module, {**{k: getattr(args, k) for k in MODEL_SHAPE}, "block_size": args.block_size,
+                                     **overrides},
                             "the shape options: choose a shape every model file takes, such as the default").to(device)
-        train = training_step(model, args.batch_size, args.block_size, args.vocab_size, device)
-        step = decode(model, args.block_size, args.vocab_size, device)
-        rows[name] = {"train": sum(train.values()), "decode": sum(step.values()),
-                      "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
+        train = training_step(model, args.batch_size, args.block_size, args.vocab_size, device, args.compiled)
+        step = decode(model, args.block_size, args.vocab_size, device, compiled=args.compiled)
+        rows[label] = {"train": sum(train.values()), "decode": sum(step.values()),
+                       "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
+        if args.compiled:
+            print(f"{label}: {rows[label]['train']} generated kernels per training step, {rows[label]['decode']} per "
+                  "decode step", file=sys.stderr)  # progress: each model compiles for a minute or more on a CPU
         del model
-    base = rows["vanilla"]["train"]
-    what = ("ATen operators, float32, CPU" if device.type == "cpu" else
+    base, base_decode = rows["vanilla"]["train"], rows["vanilla"]["decode"]
+    dtype = "float32" if device.type == "cpu" else "bf16 autocast"
+    what = (f"kernels inductor generates, {dtype}, {hardware_name(device)}" if args.compiled else
+            f"ATen operators, float32, {hardware_name(device)}" if device.type == "cpu" else
             f"kernel launches, bf16 autocast, {hardware_name(device)}")
-    lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, "
-             f"{args.n_layer} x {args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}, "
-             f"torch {torch.__version__}:", "",
-             "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
-    for name, r in rows.items():  # a GPU kernel's name can run to hundreds of characters: its first 40 here
-        top = ", ".join(f"{n[:40]} {c}" for n, c in list(r["train_ops"].items())[:args.top])
-        lines.append(f"| {name} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
+    shape = (f"{args.n_layer} x {args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}, "
+             f"torch {torch.__version__}")
+    command = shlex.join(["python", "kernels.py", *argv])
+    if args.compiled:
+        lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {shape}; "
+                 f"`{command}`:", "", "| model | fwd+bwd | x vanilla | decode step | x vanilla |",
+                 "|---|--:|--:|--:|--:|"]
+        lines += [f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | "
+                  f"{r['decode'] / base_decode:.2f} |" for label, r in rows.items()]
+    else:
+        lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {shape}; "
+                 f"`{command}`:", "",
+                 "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
+        for label, r in rows.items():  # a GPU kernel's name can run to hundreds of characters: its first 40 here
+            top = ", ".join(f"{n[:40]} {c}" for n, c in list(r["train_ops"].items())[:args.top])
+            lines.append(f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"shape": {**{k: getattr(args, k) for k in SHAPE}, "batch_size": args.batch_size,
+            json.dump({"shape": {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size,
                                  "block_size": args.block_size, "torch": torch.__version__,
-                                 "device": hardware_name(device)}, "models": rows}, f,
-                      indent=1)
+                                 "device": hardware_name(device), "compiled": args.compiled, "command": command},
+                       "models": rows}, f, indent=1)
         if args.update_readme:
             update_readme("\n".join(lines) + "\n", args.json)
 

@@ -124,3 +124,61 @@ def test_kernels_counts_every_model_file_and_vanilla_s_matmuls(tmp_path, capsys)
     assert counts["vanilla"]["train_ops"]["mm"] == 2 * 4 * 3 + 3
     assert all(r["train"] > counts["vanilla"]["train"] * 0.9 and r["decode"] > 0 for r in counts.values())
     assert "| vanilla | " in capsys.readouterr().out
+
+
+TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--vocab_size=64",
+        "--block_size=16", "--batch_size=2"]
+
+
+def test_kernels_compiled_counts_are_deterministic(tmp_path):
+    """--compiled: inductor's generated kernels, with its caches off, are the same count on a second compile (a
+    cached graph would count 0), and a method's own work shows: attnres-full mixes every sublayer's output, more
+    fullgraph=True: a graph break would fail here. One layer: compiling is what takes the time."""
+    import kernels
+    from common import build_model, load_model_module
+    path = tmp_path / "compiled.json"
+    kernels.main([*TINY, "--n_layer=1", "--compiled", "--runs", "vanilla", "--json", str(path)])
+    table = json.loads(path.read_text())
+    vanilla = table["models"]["vanilla"]
+    assert table["shape"]["compiled"] and vanilla["train"] > 0 and vanilla["decode"] > 0
+    shape = dict(n_layer=1, n_head=2, n_kv_head=1, n_embd=16, ffn_hidden=32, vocab_size=64, block_size=16)
+    again = kernels.training_step(build_model(load_model_module("vanilla"), shape, ""), 2, 16, 64, compiled=True)
+    assert again["generated"] == vanilla["train"]
+
+
+@pytest.mark.slow
+def test_kernels_compiled_counts_see_the_method():
+    """A method's own work shows in the compiled count: attnres-full mixes every sublayer's output, more passes
+    than vanilla's residual adds."""
+    import kernels
+    from common import build_model, load_model_module
+    shape = dict(n_layer=1, n_head=2, n_kv_head=1, n_embd=16, ffn_hidden=32, vocab_size=64, block_size=16)
+    counts = {name: kernels.training_step(build_model(load_model_module(name), {**shape, **extra}, ""), 2, 16, 64,
+                                          compiled=True)["generated"]
+              for name, extra in [("vanilla", {}), ("attnres", {"attn_res": "full"})]}
+    assert counts["attnres"] > counts["vanilla"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch_size", "0"], "--batch_size"),
+    (["--block_size", "1"], "--block_size"),
+    (["--runs", "vertical-x"], "unknown --runs vertical-x"),
+    (["--compiled", "--model_file", "model_vanilla.py"], "drop --model_file or --compiled"),
+])
+def test_kernels_refuses_options_before_counting(args, message):
+    import kernels
+    with pytest.raises(ConfigError, match=message):
+        kernels.main([*TINY, *args])
+
+
+def test_kernels_model_file_that_is_no_model_is_one_line(tmp_path):
+    """--model_file: a file that is missing, not Python, does not import, or holds neither nanoGPT's nor
+    gpt-fast's classes, each refused in one line naming the file."""
+    import kernels
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    for name, message in [("missing.py", "not a file"), ("notes.txt", "no .py file"),
+                          ("broken.py", "does not import"), ("empty.py", "defines neither GPT")]:
+        with pytest.raises(ConfigError, match=message):
+            kernels.main([*TINY, "--model_file", str(tmp_path / name)])
