@@ -545,7 +545,9 @@ def forward_skip(model, idx, cache=None, input_pos=None):
 def decode_step_skip(model, idx, cache, input_pos):
     """A decode step with a SkipCache, logits (B, 1, vocab): a block runs only if some row's gate is > 0 (the others
     keep their stream and leave a gate of 0, hiding their key): under torch.compile a torch.cond (one graph), in
-    eager mode a Python if (torch.cond outside torch.compile traces its branches at every call)."""
+    eager mode a Python if (torch.cond outside torch.compile traces its branches at every call). A branch of
+    torch.cond must not write its inputs (torch 2.11 refuses to compile it, torch 2.5 drops the write), so there
+    the block writes a BranchCache, and the new keys, values and gates reach the cache after the cond."""
     cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]  # (1, hd)
     x = model.emb_norm(model.tok_emb(idx))  # (B, 1, d)
     gates, S = [], 0.0
@@ -553,13 +555,49 @@ def decode_step_skip(model, idx, cache, input_pos):
         g, S = model.gate(l, x, gates, S)
         run = g > 0                                                          # (B, 1)
 
-        def run_block(x):  # rows that skip keep their stream: where, since their output may be NaN (no key)
-            return torch.where(run[..., None], block(x, cos, sin, cache, input_pos, g), x)
+        def run_block(x, cache=cache):  # rows that skip keep their stream: where, since their output may be NaN
+            return torch.where(run[..., None], block(x, cos, sin, cache, input_pos, g), x)  # (no key)
         if torch.compiler.is_compiling():
-            x = torch.cond(run.any(), run_block, torch.clone, (x,))  # outputs must not alias the input
+            def ran(x):
+                written = BranchCache(cache)
+                return run_block(x, written), written.k, written.v, written.g
+
+            def skipped(x):  # the cache's own keys, values and gates at input_pos: written back unchanged
+                return (x.clone(), cache.k[l].index_select(2, input_pos), cache.v[l].index_select(2, input_pos),
+                        cache.g[l].index_select(1, input_pos))  # outputs must not alias the inputs
+            x, k, v, kept = torch.cond(run.any(), ran, skipped, (x,))
+            cache.update(l, input_pos, k, v)
+            cache.update_gates(l, input_pos, kept)
         elif run.any():
             x = run_block(x)
     return model.lm_head(model.norm(x))  # (B, 1, vocab)
+
+
+class BranchCache:
+    """A SkipCache as a branch of torch.cond sees it: update() and update_gates() return the layer's keys, values
+    and gates with the new ones written into a copy, and keep the new ones (k, v, g) for the step to write."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def update(self, layer, input_pos, k, v):
+        ck, cv = self.cache.k[layer], self.cache.v[layer]
+        self.k, self.v = fresh(k, ck.dtype), fresh(v, cv.dtype)
+        return ck.index_copy(2, input_pos, self.k), cv.index_copy(2, input_pos, self.v)
+
+    def update_gates(self, layer, input_pos, g):
+        cg = self.cache.g[layer]
+        self.g = fresh(g, cg.dtype)
+        return cg.index_copy(1, input_pos, self.g)
+
+    def key_mask(self, input_pos, g, dtype):
+        return self.cache.key_mask(input_pos, g, dtype)
+
+
+def fresh(t, dtype):
+    """t as a new contiguous tensor of dtype: what a branch of torch.cond returns must not alias its inputs (the gate
+    g is one) and must have the other branch's layout (k and v are views into the block's qkv)."""
+    return t.to(dtype, memory_format=torch.contiguous_format, copy=True)
 
 
 class SkipCache(KVCache):
