@@ -67,20 +67,54 @@ def fail(message, every_rank=False):
     sys.exit(1)
 
 
-def main_boundary(main):
-    """Run main(argv) as a script: the expected failure classes end in one `error:` line, the rest in a traceback."""
+class OutOfMemory(RunError):
+    """An allocation that failed while a run ran, with what the run keeps; main_boundary() adds what to lower."""
+
+
+def allocation_failure(error):
+    """For an error that is a failed allocation of memory (CUDA's OutOfMemoryError, the CPU allocator's or MPS's
+    RuntimeError, Python's MemoryError): the size asked for, as " of 12.2 GiB" where the message says it, else "";
+    None for any other error."""
+    text = str(error)
+    if not (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or isinstance(error, RuntimeError) and (
+            "can't allocate memory" in text or "out of memory" in text)):
+        return None
+    asked = re.search(r"(?:tried to allocate|Tried to allocate) (\d+) bytes", text)
+    if asked:
+        n = int(asked.group(1))
+        return f" of {n / 2**30:.1f} GiB" if n >= 2**30 else f" of {n / 2**20:.0f} MiB"
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
+    return f" of {asked.group(1)}" if asked else ""
+
+
+# what to lower, said by main_boundary() for a failed allocation in a script that names nothing of its own
+MEMORY_FIX = "use a smaller batch or model, or a device with more memory"
+
+
+def main_boundary(main, memory_fix=MEMORY_FIX):
+    """Run main(argv) as a script: the expected failure classes end in one `error:` line, the rest in a traceback.
+    It is also the one allocation boundary: memory that cannot be allocated, anywhere in a script, ends in one line
+    with memory_fix, the script's options to lower."""
     try:
         main(sys.argv[1:])
     except (ConfigError, RunError) as e:
         if torch.distributed.is_initialized() and not isinstance(e, PeerLost):
             torch.distributed.destroy_process_group()
-        fail(str(e), every_rank=isinstance(e, PeerLost))
+        fail(f"{e}; {memory_fix}" if isinstance(e, OutOfMemory) else str(e), every_rank=isinstance(e, PeerLost))
+    except (MemoryError, RuntimeError) as e:
+        size = allocation_failure(e)
+        if size is None:
+            raise
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        fail(f"out of memory: an allocation{size} failed; {memory_fix}")
     except OSError as e:
+        fix = ("free some space or choose another folder" if e.errno in (errno.ENOSPC, errno.EDQUOT) else
+               "check the path" if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else "choose another folder")
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
                            errno.EISDIR, errno.ENOTDIR):
             raise
-        fail(f"cannot write or read {e.filename or 'a file'}: {e.strerror}; free some space or choose another "
-             "folder, then run the same command again")
+        fail(f"cannot write or read {e.filename or 'a file'}: {e.strerror}; {fix}, then run the same command again")
     except KeyboardInterrupt:
         fail("interrupted; nothing was lost that had been saved")
 

@@ -458,5 +458,6 @@ def main(argv):
         torch.distributed.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main_boundary(main)
+if __name__ == "__main__":  # memory that cannot be allocated, anywhere in a run, ends in one line naming these
+    main_boundary(main, memory_fix="lower --batch_size (a larger --gradient_accumulation_steps keeps the batch; "
+                  "--resume takes both), or the model's size in a new run (--n_embd, --n_layer, --block_size)")

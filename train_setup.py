@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 import hf
-from common import (ConfigError, Interrupted, PeerLost, RunError, autocast, build_model, load_weights,
-                    open_split, read_checkpoint, resolve_device, resolve_dtype, split_tokens)
+from common import (ConfigError, Interrupted, OutOfMemory, PeerLost, RunError, allocation_failure, autocast,
+                    build_model, load_weights, open_split, read_checkpoint, resolve_device, resolve_dtype, split_tokens)
 
 
 @dataclass
@@ -204,12 +204,8 @@ def check_first_batch(raw_model, cfg, model_args, explicit, batch, iter_num, pro
     that does not fit, or a model whose loss is not finite from the start, fails here."""
     x, y = batch
     raw_model.eval()
-    try:
-        with torch.no_grad(), proc.ctx:
-            _, loss = raw_model(x, y)
-    except torch.OutOfMemoryError:
-        raise RunError(f"a batch of {cfg.batch_size} x {x.size(1)} tokens does not fit in {proc.device}'s memory; "
-                       "lower --batch_size")
+    with torch.no_grad(), proc.ctx:  # memory that cannot be allocated ends at main_boundary(), as anywhere
+        _, loss = raw_model(x, y)
     if not math.isfinite(loss.item()):
         raise RunError(divergence_message("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
                                           None, proc.dtype))
@@ -250,12 +246,16 @@ def lost_peer(error):
 
 
 def stopped(error, iter_num, saved_step, cfg, proc):
-    """The one-line error of a run stopped by Ctrl-C or SIGTERM, or by another process of the run that is gone
-    (gloo: connection closed; NCCL: aborted); any other error as it is."""
+    """The one-line error of a run stopped by Ctrl-C or SIGTERM, by memory that cannot be allocated (main_boundary()
+    adds what to lower), or by another process of the run that is gone (gloo: connection closed; NCCL: aborted); any
+    other error as it is."""
     kept, again = ((f"the checkpoint of step {saved_step} is kept", "continue with --resume") if saved_step is not None
                    else ("no checkpoint was written", "run the same command again"))
     if isinstance(error, KeyboardInterrupt):
         return Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; {again}")
+    size = allocation_failure(error)
+    if size is not None:
+        return OutOfMemory(f"out of memory at step {iter_num}: an allocation{size} failed; {kept} in {cfg.out_dir}")
     if proc.world == 1 or not lost_peer(error):
         return error
     return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; {again} "

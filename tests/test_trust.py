@@ -197,3 +197,39 @@ def test_a_run_resumed_with_more_steps_is_the_longer_run(options, data, tmp_path
         assert notes == []
         saved = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)["train_config"]
         assert (saved["lr_decay_iters"], saved["max_iters"]) == (0, 8)  # as the uninterrupted run's
+
+
+# ---- memory that cannot be allocated: one line at the one allocation boundary (common.main_boundary) ------------
+
+# (id, train.py options, the expected fragment): a width whose weights cannot be allocated, a batch whose first
+# forward pass cannot (before anything is written), and a vocabulary whose gradients and AdamW state (allocated at
+# the first optimiser step, after the checkpoint of step 0) cannot; each in a process whose address space is
+# limited to 2.5 GiB
+OUT_OF_MEMORY = [
+    ("width", ["--n_layer=1", "--n_embd=16384", "--n_head=1", "--n_kv_head=1", "--ffn_hidden=8"],
+     "out of memory: an allocation of 3.0 GiB failed; lower --batch_size"),
+    ("batch", ["--n_layer=1", "--n_embd=8", "--n_head=1", "--n_kv_head=1", "--ffn_hidden=8", "--block_size=256",
+               "--batch_size=16", "--vocab_size=131072"],  # logits of 16 x 256 tokens: 2 GiB
+     "out of memory: an allocation of 2.0 GiB failed; lower --batch_size"),
+    ("first_step", ["--n_layer=1", "--n_embd=512", "--n_head=1", "--n_kv_head=1", "--ffn_hidden=8", "--block_size=8",
+                    "--batch_size=1", "--vocab_size=131072"],
+     "out of memory at step 0: an allocation of 256 MiB failed; the checkpoint of step 0 is kept in"),
+]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS limits allocations on Linux")
+@pytest.mark.parametrize("case", OUT_OF_MEMORY, ids=[c[0] for c in OUT_OF_MEMORY])
+def test_memory_that_cannot_be_allocated_is_one_line(case, data, tmp_path):
+    import resource
+    _, options, fragment = case
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (5 << 29, 5 << 29))  # noqa: E731
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir",
+                           str(tmp_path / "run"), "--max_iters=2", "--eval_iters=1", "--device=cpu", *options],
+                          cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert_one_error_line(proc.returncode, proc.stderr, fragment)
+    assert "or the model's size in a new run (--n_embd, --n_layer, --block_size)" in proc.stderr
+    if case[0] == "first_step":  # what was saved is whole
+        assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["iter_num"] == 0
+    else:
+        assert not (tmp_path / "run").exists()
