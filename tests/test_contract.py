@@ -152,6 +152,9 @@ def test_resumed_run_equals_uninterrupted(name, data_dir, tmp_path):
 
 @pytest.mark.parametrize("name", model_names())
 def test_ddp_two_processes_equals_accumulation(name, data_dir, tmp_path):
+    """Version-sensitive: CI runs it under each torch version of tests/test_versions.py. Real torchrun, two
+    processes on gloo (torch 2.5's has no ReduceOp.AVG: train.py sums the step loss and divides), equal to one
+    process accumulating the same two micro-batches: the logged losses and the parameters."""
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     opts = dict(max_iters=4, eval_interval=4, gradient_accumulation_steps=2)
     train.main(train_args(name, data_dir, one, **opts))
