@@ -403,11 +403,15 @@ def read_custom(folder, module):
     name, args = c.get("model_name"), c.get("model_args")
     if not isinstance(name, str) or not isinstance(args, dict):
         raise HFError(f"{path} lacks model_name or model_args; export the run again with export.py")
-    if f"model_{name}" != module.__name__:
-        raise HFError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
+    # the folder is checked whole before --model is suggested: a hint that leads to the next error is none
     for needed in (f"model_{name}.py", "hf_model.py"):
         if not os.path.isfile(os.path.join(folder, needed)):
             raise HFError(f"{folder} lacks {needed}, which transformers runs the model with; export the run again")
+    if name not in common.model_names():
+        raise HFError(f"{path} names model_{name}.py, which this repository does not have (its models: "
+                      f"{', '.join(common.model_names())}); export the run with a checkout that has it")
+    if f"model_{name}" != module.__name__:
+        raise HFError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
     try:
         common.make_config(module.GPTConfig, **args)
     except (ValueError, TypeError) as e:
