@@ -43,8 +43,8 @@ import torch
 
 from bench import RUNS
 from common import (DTYPES, SIZES, ConfigError, Interrupted, to_json, hardware_name, model_from_checkpoint, load_model_module,
-                    main_boundary, option, parse_json, parse_simple, read_checkpoint, read_json, read_meta, read_text,
-                    update_readme)
+                    main_boundary, option, parse_json, parse_model_options, parse_simple, read_checkpoint, read_json,
+                    read_meta, read_text, update_readme)
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -211,6 +211,7 @@ def main(argv):
     for s in sweeps:
         s["points"] = [p for p in s["points"] if p[0] in wanted or p[0] in s["always"]]
         s["plan"] = plan(s, shape, args, device.type, dtype, meta)
+    check_train_options(sweeps, shape, args)
     seeds = [args.seed + i for i in range(args.seeds)]
     header = {"hardware": hardware_name(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
               "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
@@ -257,6 +258,8 @@ def ablation_sweep(name, args):
 
 OWNED = ("model", "dataset", "data_dir", "out_dir", "resume", "max_iters", "batch_size", "seed", "device", "dtype",
          "eval_interval", "size", "init_from")  # train.py options every run of a sweep sets itself
+INSTEAD = {"model": "--runs", "out_dir": "--runs_dir", "max_iters": "--train_iters", "seed": "--seed and --seeds",
+           "eval_interval": "--eval_points"}  # sweep.py's option for one it owns, where the names differ
 
 
 def check_train_args(train_args, shape):
@@ -271,6 +274,26 @@ def check_train_args(train_args, shape):
         raise ConfigError(f"--train_args sets {', '.join('--' + o for o in sorted(owned))}, which the sweep sets for "
                           "every run; use sweep.py's own options (--seed, --seeds, --size, --n_layer, --block_size, "
                           "--batch_size, --train_iters, ...)")
+
+
+def check_train_options(sweeps, shape, args):
+    """Every run's train.py options as train.py reads them, before any run (the first of each model file in the
+    plan): a mistake in --train_args ends in one line naming train.py's option, and no hint names an option the
+    sweep sets itself."""
+    owned = {name: f"the sweep sets --{name} for every run: use sweep.py {INSTEAD.get(name, '--' + name)}"
+             for name in (*OWNED, *shape) if name not in ("resume", "init_from")}
+    checked = set()
+    for s in sweeps:
+        for label, options, _ in s["plan"][args.seed]:
+            model = next(o.split("=", 1)[1] for o in options if o.startswith("--model="))
+            if model in checked:
+                continue
+            checked.add(model)
+            try:
+                parse_model_options(TrainConfig, [*options, f"--out_dir={args.runs_dir}",
+                                                  f"--data_dir={args.data_dir}"], "", owned=owned)
+            except ConfigError as e:
+                raise ConfigError(f"--train_args {args.train_args!r}, for {label}: {e}")
 
 
 def train_options(name, overrides, seed, shape, args, device, dtype):
