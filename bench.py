@@ -170,11 +170,27 @@ def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
             "skip_time_ratio": skipping / dense, "est_flops_ratio": est_flops_ratio}
 
 
+def check_close_gates(first, gates):
+    if not 0 <= first < gates:
+        raise ConfigError(f"--close_gates must be between 0 and {gates - 1} for {gates} gates")
+
+
+def check_gated(wanted, shape, args):
+    """--close_gates against the gates of every wanted model that has them, before anything is measured: each model
+    is built on the meta device (shapes only, no memory)."""
+    for label, name, overrides in RUNS:
+        if label in wanted:
+            module = load_model_module(name)
+            with torch.device("meta"):
+                gates = getattr(module.GPT(module.GPTConfig(**shape, **overrides)), "gates", None)
+            if gates:
+                check_close_gates(args.close_gates, len(gates))
+
+
 def close_gates(model, first):
     """Every token's gate 0 from gate `first` on: a bias of 2 there puts the soft mask S (eq. 1) at 2 >= 1 for it
     and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first to L-1-first."""
-    if not 0 <= first < len(model.gates):
-        raise ConfigError(f"--close_gates must be between 0 and {len(model.gates) - 1} for {len(model.gates)} gates")
+    check_close_gates(first, len(model.gates))
     with torch.no_grad():
         for gate in model.gates:
             gate.weight.zero_()
@@ -468,6 +484,8 @@ def main(argv):
         shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
     if args.n_layer:
         shape["n_layer"] = args.n_layer
+    if args.close_gates >= 0:  # the options, all of them, before an hour of measuring
+        check_gated(wanted, shape, args)
     hardware = hardware_name(device)
     if args.json:  # the folder, before an hour of measuring: a path that cannot be written fails now
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
