@@ -18,8 +18,9 @@ and only here: each row's real tokens (attention_mask 1, pads on either side) ar
 and run alone, at positions 0, 1, ... of their own, and the outputs are put back in the padded layout. A padded
 row so computes exactly what it computes alone, and no pad ever reaches attention or a method's cross-layer mix.
 A pad position gets the outputs of the row's last real token before it (zeros where there is none, at left
-padding), so that the last position of a right-padded row predicts the row's next token. A batch without pads
-runs as one batch.
+padding), so that the last position of a right-padded row predicts the row's next token; a row of pads only has
+no token to continue, and gets zeros (every next token alike) until it has one. A batch without pads runs as one
+batch.
 
 Generation. generate() calls forward with logits_to_keep=1 and every token so far (prepare_inputs_for_generation);
 each row then runs alone with its own state, kept between calls and found again by the row's real tokens before
@@ -30,6 +31,8 @@ prefilled, and when the window is full it restarts from its last block_size // 2
 sample.py's. With use_cache=False each step recomputes the row's window. The model file's inference() hook, where
 it has one, is used as sample.py uses it by default (skipmiddle: tokens whose gate is 0 skip their blocks). Exact,
 not fast: every row is a call of its own at every step, so a batch generates no faster than its rows one by one.
+With output_hidden_states, each step also gives the hidden states of each row's window, the tokens the step read
+(zeros before it, as at pads), so that a generation past the context has them too.
 """
 import copy
 
@@ -99,8 +102,10 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
                              f"{tuple(input_ids.shape)}: 1 for a token, 0 for a pad")
         mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         hidden = None
-        if logits_to_keep == 1 and labels is None and not output_hidden_states:
+        if logits_to_keep == 1 and labels is None:  # generation: each row's window, as sample.py reads it
             logits = self.next_logits(input_ids, mask, use_cache is not False)  # (B, 1, vocab)
+            if output_hidden_states:  # of the windows next_logits() read
+                _, *hidden = self.every_position(input_ids, mask, True, self.window_starts(input_ids, mask))
         else:
             logits, *hidden = self.every_position(input_ids, mask, output_hidden_states)  # (B, T, vocab)
         loss = None
@@ -111,17 +116,26 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=tuple(hidden) if hidden else None)
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
-    def every_position(self, idx, mask, hidden):
+    def every_position(self, idx, mask, hidden, starts=None):
         """[logits (B, T, vocab)] of idx (B, T), and with hidden the embeddings and every block's output (B, T, d):
-        the whole batch at once without pads, else each row's real tokens alone, put back in the padded layout."""
-        if mask is None:
+        the whole batch at once without pads, else each row's real tokens alone, put back in the padded layout.
+        starts: each row's first real token to run (generation's window), where not 0; the positions before it get
+        zeros, as pads do."""
+        if mask is None and starts is None:
             return self.run(idx, hidden)
+        mask = torch.ones_like(idx, dtype=torch.bool) if mask is None else mask
         rows = []
-        for row, keep in zip(idx, mask):
-            outs = self.run(row[keep][None] if keep.any() else row[None, :1], hidden)  # a row of pads: zeros
-            src = keep.cumsum(0) - 1  # (T,) for each position, the index of the last real token at or before it
-            rows.append([torch.where((src >= 0)[:, None], out[0, src.clamp(min=0)], 0.0) for out in outs])
+        for row, keep, start in zip(idx, mask, starts or [0] * len(idx)):
+            real = row[keep][start:]
+            outs = self.run(real[None] if real.numel() else row[None, :1], hidden)  # a row of pads: zeros
+            src = keep.cumsum(0) - 1 - start  # (T,) for each position, the index of the last real token run at or
+            rows.append([torch.where((src >= 0)[:, None], out[0, src.clamp(min=0)], 0.0) for out in outs])  # before it
         return [torch.stack(out) for out in zip(*rows)]
+
+    def window_starts(self, idx, mask):
+        """The first token of each row's window in the last next_logits() call (0 for a row of pads)."""
+        reals = [row if mask is None else row[keep] for row, keep in zip(idx, mask if mask is not None else idx)]
+        return [self.rows.get(tuple(real.tolist()), (0, None))[0] for real in reals]
 
     def run(self, idx, hidden):
         if idx.size(1) > self.model.config.block_size:
@@ -151,6 +165,9 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
         logits = []
         for real, start, cache in rows:  # after every row has found its cache: a step changes the cache it takes
             n = real.numel()
+            if n == 0:  # a row of pads only: nothing to continue, every next token alike
+                logits.append(torch.zeros(1, 1, self.model.config.vocab_size, device=idx.device))
+                continue
             if n - start > S:  # the window is full: restart it from the last half context
                 start, cache = n - S // 2, None
             if not use_cache:
