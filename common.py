@@ -201,11 +201,12 @@ def option(default, doc, **rules):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with exact option names (no prefix of one is taken for it) and its errors as one line (the usage
     block hides the message), naming the closest option or the model file that has it. model: the model file whose
-    options this parser holds, if any."""
+    options this parser holds, if any; owned: {option name: what to use instead} for the options its caller sets
+    itself (sweep.py's --train_args are train.py's options less those), which a hint does not send the user to."""
 
-    def __init__(self, *args, model=None, **kwargs):
+    def __init__(self, *args, model=None, owned=None, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
-        self.model = model
+        self.model, self.owned = model, owned or {}
 
     def error(self, message):
         if message.startswith("unrecognized arguments"):
@@ -213,7 +214,7 @@ class ArgumentParser(argparse.ArgumentParser):
             if any(a.endswith(".py") for a in args):
                 message += " (preset files go first, before every --option)"
             message += "".join(f"; {h}" for h in map(self.hint, args) if h)
-        raise ConfigError(f"{message}; see {os.path.basename(sys.argv[0])} --help")
+        raise ConfigError(f"{message}; see {self.prog.split()[0]} --help")
 
     def hint(self, arg):
         """What an unknown --option probably meant: another model file's option, or the closest of this parser's."""
@@ -224,10 +225,14 @@ class ArgumentParser(argparse.ArgumentParser):
             owners = [m for m in model_names() if m != self.model and name[2:] in
                       {f.name for f in dataclasses.fields(load_model_module(m).GPTConfig)}]
             if owners:
-                return (f"{name} is an option of {' and '.join(f'model_{m}.py' for m in owners)}, not of "
-                        f"model_{self.model}.py: pass --model {owners[0]}, or drop {name}")
+                of = (f"{name} is an option of {' and '.join(f'model_{m}.py' for m in owners)}, not of "
+                      f"model_{self.model}.py")
+                return f"{of}: drop {name} ({self.owned['model']})" if "model" in self.owned else \
+                    f"{of}: pass --model {owners[0]}, or drop {name}"
         close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--") and
                                                  o != "--help"], 1, 0.75)
+        if close and close[0][2:] in self.owned:
+            return f"did you mean {close[0]}? {self.owned[close[0][2:]]}"
         return f"did you mean {close[0]}?" if close else ""
 
 
@@ -267,10 +272,12 @@ def add_options(parser, config_class, title, defaults=None):
             group.add_argument(f"--{f.name}", type=kind, default=default, help=doc, metavar=kind.__name__.upper())
 
 
-def parse_model_options(config_class, argv, doc):
+def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     """A training script's options: config_class (train.py's TrainConfig: with model, dataset, data_dir and size
     fields) and the fields of the chosen model file's GPTConfig, from defaults < preset files < the command line.
-    Returns (config, model options as a dict, model module, names set explicitly); ConfigError on bad input."""
+    Returns (config, model options as a dict, model module, names set explicitly); ConfigError on bad input, which
+    names prog's --help (also when another script, sweep.py, checks train.py's options) and, for an unknown option,
+    no option of owned (ArgumentParser)."""
     files, rest = split_config_files(argv)
     from_files, origin = {}, {}
     for path in files:
@@ -289,8 +296,8 @@ def parse_model_options(config_class, argv, doc):
             check_config(cls, {k: v for k, v in from_files.items() if k in names})
         except ValueError as e:
             raise ConfigError(f"{e} (set in {origin[str(e).split()[0][2:]]})")
-    parser = ArgumentParser(description=doc, formatter_class=HelpFormatter, model=early.model,
-                            usage="%(prog)s [preset.py ...] [--option value ...]")
+    parser = ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter, model=early.model,
+                            owned=owned, usage="%(prog)s [preset.py ...] [--option value ...]")
     add_options(parser, config_class, "training", from_files)
     try:  # --help shows the vocabulary a new run takes: the data set's, where it is prepared
         data_vocab = {"vocab_size": read_meta(early.data_dir, early.dataset)["vocab_size"]}

@@ -233,3 +233,92 @@ def test_memory_that_cannot_be_allocated_is_one_line(case, data, tmp_path):
         assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["iter_num"] == 0
     else:
         assert not (tmp_path / "run").exists()
+
+
+# ---- hints that lead somewhere when followed -------------------------------------------------------------------
+
+def test_a_file_as_the_run_folder_names_a_folder_only_where_it_holds_a_checkpoint(run, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    code, _, err = run_script("sample.py", ["--out_dir", tmp_path / "notes.txt"], capsys)
+    assert_one_error_line(code, err, "is a file, not a run folder")
+    assert "perhaps" not in err  # tmp_path holds no checkpoint: no folder is suggested
+    code, _, err = run_script("sample.py", ["--out_dir", run / "log.jsonl"], capsys)
+    assert_one_error_line(code, err, f"(perhaps --out_dir {run}, which holds one)")
+    code, out, err = run_script("sample.py", ["--out_dir", run, "--num_samples=1", "--max_new_tokens=2"], capsys)
+    assert code == 0 and out, err  # followed, the hint works
+
+
+def test_init_from_a_folder_of_another_model_suggests_a_model_that_loads_it(run, data, tmp_path, capsys):
+    """A custom-code folder of another model file is checked whole before --model is suggested: passing the
+    suggested --model then starts the run; a folder that could not load under any --model says what it lacks."""
+    skip = ["--model=skipmiddle", "--data_dir", str(data), *TINY]
+    train.main([*skip, "--out_dir", str(tmp_path / "sm"), "--max_iters=0"])
+    code, _, err = run_script("export.py", ["--out_dir", tmp_path / "sm", "--to", tmp_path / "folder"], capsys)
+    assert code == 0, err
+    base = ["--data_dir", data, *TINY, "--max_iters=0", "--init_from", tmp_path / "folder"]
+    code, _, err = run_script("train.py", [*base, "--out_dir", tmp_path / "a"], capsys)
+    assert_one_error_line(code, err, "holds a model_skipmiddle.py run, not a model_vanilla.py one; pass --model "
+                          "skipmiddle")
+    code, _, err = run_script("train.py", [*base, "--out_dir", tmp_path / "a", "--model=skipmiddle"], capsys)
+    assert code == 0, err
+    config = json.loads((tmp_path / "folder" / "config.json").read_text())
+    (tmp_path / "folder" / "config.json").write_text(json.dumps({**config, "model_name": "vertical"}))
+    for model in ("vanilla", "vertical"):  # it holds no model_vertical.py: --model vertical would not load it either
+        code, _, err = run_script("train.py", [*base, "--out_dir", tmp_path / "b", f"--model={model}"], capsys)
+        assert_one_error_line(code, err, "lacks model_vertical.py")
+    (tmp_path / "folder" / "config.json").write_text(json.dumps({**config, "model_name": "nosuch"}))
+    shutil.copy(tmp_path / "folder" / "model_skipmiddle.py", tmp_path / "folder" / "model_nosuch.py")
+    code, _, err = run_script("train.py", [*base, "--out_dir", tmp_path / "b"], capsys)
+    assert_one_error_line(code, err, "names model_nosuch.py, which this repository does not have")
+
+
+@pytest.mark.parametrize("train_args,fragment", [
+    ("--max_iter 3", "did you mean --max_iters? the sweep sets --max_iters for every run: use sweep.py --train_iters; "
+     "see train.py --help"),
+    ("--eval_iters=1 --lerning_rate=1e-3", "did you mean --learning_rate?; see train.py --help"),
+    ("--va_lr=0.1", "drop --va_lr (the sweep sets --model for every run: use sweep.py --runs)"),
+    ("--warmup_iters=-1", "--warmup_iters must be 0 or more, not -1"),
+], ids=["owned", "typo", "other_model", "bad_value"])
+def test_sweep_checks_its_train_args_before_any_run(train_args, fragment, data, tmp_path, capsys):
+    code, out, err = run_script("sweep.py", ["--train_args", train_args, "--data_dir", data, "--runs_dir",
+                                             tmp_path / "runs", "--results", tmp_path / "results", "--reuse=",
+                                             "--train_iters=2", "--seeds=1", "--device=cpu", "--runs=vanilla"], capsys)
+    assert_one_error_line(code, err, fragment)
+    assert not out and not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
+
+
+def test_bench_checks_close_gates_before_measuring(capsys):
+    code, out, err = run_script("bench.py", ["--close_gates=99", "--size=small", "--device=cpu"], capsys)
+    assert_one_error_line(code, err, "--close_gates must be between 0 and 2 for 3 gates")
+    assert not out  # nothing measured, not even vanilla
+
+
+# ---- transformers' generate() on an exported folder: what Llama's folder does, ours does -----------------------
+
+@pytest.mark.extras
+@pytest.mark.parametrize("name", ["vertical", "skipmiddle"])
+def test_generate_takes_a_row_of_pads_and_hidden_states_past_the_context(name, data, tmp_path, capsys):
+    """A batch with a row of pads only generates (the row has nothing to continue: its first token is drawn from
+    zeros, then it goes on from it); generate(output_hidden_states=True) past the context gives each step's window
+    and the same greedy tokens as without."""
+    transformers = pytest.importorskip("transformers")
+    train.main([f"--model={name}", "--data_dir", str(data), "--out_dir", str(tmp_path / "run"), "--max_iters=0",
+                *TINY])
+    code, _, err = run_script("export.py", ["--out_dir", tmp_path / "run", "--to", tmp_path / "hf"], capsys)
+    assert code == 0, err
+    transformers.logging.set_verbosity_error()
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    ids, mask = torch.tensor([[256, 256, 256], [65, 66, 67]]), torch.tensor([[0, 0, 0], [1, 1, 1]])
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=256)
+    alone = model.generate(input_ids=ids[1:], max_new_tokens=3, do_sample=False, pad_token_id=256)
+    assert out.shape == (2, 6) and torch.equal(out[1], alone[0])  # the real row as it generates alone
+    assert out[0, 3] == 0  # zeros: greedy takes the first token
+    prompt = torch.randint(0, 256, (2, 30), generator=torch.Generator().manual_seed(0))  # the context is 32
+    plain = model.generate(input_ids=prompt, max_new_tokens=6, do_sample=False, pad_token_id=256)
+    full = model.generate(input_ids=prompt, max_new_tokens=6, do_sample=False, pad_token_id=256,
+                          output_hidden_states=True, return_dict_in_generate=True)
+    assert torch.equal(full.sequences, plain) and len(full.hidden_states) == 6
+    # the last step read 35 tokens: its window restarted at 33 - 32 // 2 = 17 when the 33rd token came (generate.py)
+    last, seq = full.hidden_states[-1], full.sequences[:, :35]
+    _, _, blocks = model.model(seq[:, 17:], return_hidden=True)
+    assert torch.allclose(last[-1][:, 17:], blocks[-1], atol=1e-5) and not last[-1][:, :17].any()
