@@ -7,8 +7,8 @@ The one trainer for every model file.
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
 
 `--model NAME` loads model_NAME.py; every field of that file's GPTConfig is an option too (`--n_layer 12`,
-`--va_lr 0.01`): `python train.py --model NAME --help` lists them. Leading arguments are preset files (python
-assignments, config/*.py), applied in order before the command line. As in nanoGPT,
+`--va_lr 0.01`): `python train.py --model NAME --help` lists them. Leading arguments are preset files (`name =
+value` lines, config/*.py), read and applied in order before the command line. As in nanoGPT,
 --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N.
 
 A run is a transaction: every check (options, data, checkpoint, model, optimiser, one forward pass) passes
