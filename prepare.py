@@ -272,7 +272,8 @@ def main(argv=None):
     if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
         raise ConfigError(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
     remove_leftovers(out)
-    foreign = sorted(set(os.listdir(out)) - set(FILES)) if out.is_dir() else []
+    foreign = sorted(f for f in (os.listdir(out) if out.is_dir() else ()) if f not in FILES and not
+                     (f.startswith(".") and f[1:].rpartition(".tmp")[0] in FILES))
     if foreign:  # the folder is replaced whole: nothing of the user's may be in it
         raise ConfigError(f"{out} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}, which "
                           "prepare.py did not write, and a data set is replaced whole; move it away or choose "
@@ -355,8 +356,9 @@ def remove_leftovers(out):
             os.rename(path, out)
         else:
             shutil.rmtree(path)
-    for path in out.glob(".*.tmp*") if out.is_dir() else ():
-        if path.name[1:].split(".tmp")[0] in FILES and path.is_file():
+    for path in out.glob(".*.tmp*") if out.is_dir() else ():  # .train.bin.tmp1234: an earlier version's
+        name, _, pid = path.name[1:].rpartition(".tmp")
+        if name in FILES and pid.isdigit() and not running(int(pid)) and path.is_file():
             path.unlink()
 
 

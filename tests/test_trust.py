@@ -72,6 +72,18 @@ def test_a_checkpoint_with_a_pickled_callable_runs_nothing(script, args, run, da
     assert checksums(tmp_path) == before
 
 
+def test_curves_read_no_pickled_callable(run, tmp_path, capsys):
+    """eval.py --curves reads a run's tokens per step from its checkpoint: a hostile one runs nothing, and the curves
+    are plotted against steps, as for any checkpoint it cannot read."""
+    hostile = tmp_path / "run"
+    shutil.copytree(run, hostile)
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    ckpt["run"]["note"] = Payload(tmp_path / "ran")
+    torch.save(ckpt, hostile / "ckpt.pt")
+    code, out, err = run_script("eval.py", ["--curves", hostile, "--plot=false"], capsys)
+    assert code == 0 and "2 steps" in out and not (tmp_path / "ran").exists(), out + err
+
+
 # ---- prepare.py: a data set is replaced whole or not at all ----------------------------------------------------
 
 def killed_prepare(point, argv, exchange):
@@ -154,6 +166,19 @@ def test_a_killed_prepare_leaves_a_whole_data_set(exchange, tmp_path):
     prepare.main([*args, str(tmp_path / "new.txt")])
     assert readable(data / "d") == "new.txt" and os.listdir(data) == ["d"]
     assert sorted(os.listdir(data / "d")) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_prepare_replaces_no_folder_that_holds_files_of_the_users(tmp_path):
+    import prepare
+    from common import ConfigError
+    (tmp_path / "new.txt").write_text("A data set is replaced whole. " * 30)
+    os.makedirs(tmp_path / "data" / "d")
+    (tmp_path / "data" / "d" / "notes.txt").write_text("mine")
+    before = checksums(tmp_path)
+    with pytest.raises(ConfigError, match="holds notes.txt, which prepare.py did not write"):
+        prepare.main(["--files", str(tmp_path / "new.txt"), "--out_dir", str(tmp_path / "data"), "--name=d",
+                      "--num_proc=1"])
+    assert checksums(tmp_path) == before
 
 
 # ---- the learning-rate schedule survives --resume --------------------------------------------------------------
