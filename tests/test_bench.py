@@ -132,8 +132,8 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidd
 
 def test_kernels_compiled_counts_are_deterministic(tmp_path):
     """--compiled: inductor's generated kernels, with its caches off, are the same count on a second compile (a
-    cached graph would count 0), and a method's own work shows: attnres-full mixes every sublayer's output, more
-    fullgraph=True: a graph break would fail here. One layer: compiling is what takes the time."""
+    cached graph would count 0); fullgraph=True: a graph break would fail here. One layer: compiling is what takes
+    the time."""
     import kernels
     from common import build_model, load_model_module
     path = tmp_path / "compiled.json"
