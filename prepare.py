@@ -271,6 +271,8 @@ def main(argv=None):
     out = Path(args.out_dir) / name
     if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
         raise ConfigError(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
+    if out.is_symlink():  # a data set kept elsewhere (another disk): replaced there, and the link kept
+        out = Path(os.path.realpath(out))
     remove_leftovers(out)
     foreign = sorted(f for f in (os.listdir(out) if out.is_dir() else ()) if f not in FILES and not
                      (f.startswith(".") and f[1:].rpartition(".tmp")[0] in FILES))

@@ -181,6 +181,19 @@ def test_prepare_replaces_no_folder_that_holds_files_of_the_users(tmp_path):
     assert checksums(tmp_path) == before
 
 
+def test_prepare_replaces_a_linked_data_set_where_it_is(tmp_path):
+    """data/d as a link to a folder on another disk: the set is replaced there, and the link stays."""
+    import prepare
+    (tmp_path / "new.txt").write_text("A data set kept on another disk. " * 30)
+    os.makedirs(tmp_path / "big" / "d")
+    os.makedirs(tmp_path / "data")
+    os.symlink(tmp_path / "big" / "d", tmp_path / "data" / "d")
+    prepare.main(["--files", str(tmp_path / "new.txt"), "--out_dir", str(tmp_path / "data"), "--name=d",
+                  "--num_proc=1"])
+    assert os.path.islink(tmp_path / "data" / "d") and readable(tmp_path / "data" / "d") == "new.txt"
+    assert os.listdir(tmp_path / "big") == ["d"] and os.listdir(tmp_path / "data") == ["d"]
+
+
 # ---- the learning-rate schedule survives --resume --------------------------------------------------------------
 
 def lrs(run):
