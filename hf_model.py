@@ -128,13 +128,13 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
         for row, keep, start in zip(idx, mask, starts or [0] * len(idx)):
             real = row[keep][start:]
             outs = self.run(real[None] if real.numel() else row[None, :1], hidden)  # a row of pads: zeros
-            src = keep.cumsum(0) - 1 - start  # (T,) for each position, the index of the last real token run at or
-            rows.append([torch.where((src >= 0)[:, None], out[0, src.clamp(min=0)], 0.0) for out in outs])  # before it
+            src = keep.cumsum(0) - 1 - start  # (T,) for each position, the last real token run at or before it
+            rows.append([torch.where((src >= 0)[:, None], out[0, src.clamp(min=0)], 0.0) for out in outs])
         return [torch.stack(out) for out in zip(*rows)]
 
     def window_starts(self, idx, mask):
         """The first token of each row's window in the last next_logits() call (0 for a row of pads)."""
-        reals = [row if mask is None else row[keep] for row, keep in zip(idx, mask if mask is not None else idx)]
+        reals = idx if mask is None else [row[keep] for row, keep in zip(idx, mask)]
         return [self.rows.get(tuple(real.tolist()), (0, None))[0] for real in reals]
 
     def run(self, idx, hidden):
