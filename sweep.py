@@ -16,8 +16,9 @@ holds under the same key (--reuse: the main table's vanilla, say) is copied in i
 
 Outputs, rewritten after every run: results.json (every run: final loss, validation curve, stats(), options),
 RESULTS.md (val loss mean ± std over seeds; the paired same-seed difference to the reference ± its standard
-error) and a figure, and with --update_readme README.md's copy of RESULTS.md between its
-`<!-- <folder>:start -->` and `<!-- <folder>:end -->` markers. The main table goes to --results (curves.png);
+error) and a figure, and with --update_readme the copy of RESULTS.md between its `<!-- <folder>:start -->` and
+`<!-- <folder>:end -->` markers, in the page that holds them (README.md: the main table; docs/results.md: the
+rest). The main table goes to --results (curves.png);
 --ablation NAME to <results>/ablations/NAME/ (figure.png). The ablations, at the small 6-layer shape:
   skipmiddle      Learning to Skip the Middle Layers of Transformers (Lawson and Aitchison), Figure 2: gated
                   skip-middle at several final mean-gate targets against dense models of 1 to 6 layers, on
@@ -183,7 +184,8 @@ class SweepConfig:
                         "copied in, not trained again; '' = none", path=True)
     max_runs: int = option(0, "stop after this many newly trained runs; 0 = all", min=0)
     table_only: bool = option(False, "train nothing: write the tables and figures from the runs the results hold")
-    update_readme: bool = option(False, "also rewrite README.md's copy of each table")
+    update_readme: bool = option(False, "also rewrite each table's copy between its markers, in the page that holds "
+                                 "them (README.md or docs/results.md)")
 
 
 def parse_args(argv):
@@ -527,8 +529,8 @@ def frontier_pair(runs, xs, series):
 
 def report(sweep, header, args, argv, figure=False, final=False):
     """Summary rows of the sweep's planned runs on record; writes results.json's header and summary, RESULTS.md,
-    with figure its figure, with --update_readme README.md's copy, and with final prints the table. While no
-    planned run is on record, RESULTS.md (and README.md's copy) only say so. The machine named is the one
+    with figure its figure, with --update_readme its copy in README.md or docs/, and with final prints the table.
+    While no planned run is on record, RESULTS.md (and its copy) only say so. The machine named is the one
     results.json names, that of the latest run trained. Returns the rows."""
     json_path = os.path.join(sweep["results"], "results.json")
     saved = read_results(json_path)
