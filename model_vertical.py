@@ -64,17 +64,19 @@ class GPTConfig:
                              "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
 
 
-def log_norm(h, eps):
-    """log ||h||_2 over the channels of every token, ||h|| = sqrt(sum h^2 + eps): (B, T, d) -> (B, T, 1), in float32."""
-    return 0.5 * torch.log(h.float().pow(2).sum(-1, keepdim=True) + eps)
+def inv_norm(h, eps):
+    """1 / ||h||_2 over the channels of every token, ||h|| = sqrt(sum h^2 + eps): (B, T, d) -> (B, T, 1), in float32
+    at least."""
+    h = h.to(torch.promote_types(h.dtype, torch.float32))
+    return torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + eps)
 
 
-def vertical_mix(sources, log_norms, log_alpha):
-    """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||) per token, which
-    is softmax_i(log alpha_i - log ||h^i||). sources: l tensors (B, T, d); log_norms: their log_norm, l tensors
-    (B, T, 1); log_alpha: (l,), the log of the map's row."""
-    w = (log_alpha - torch.cat(log_norms, dim=-1)).softmax(-1)  # alpha~ (eq. 3): (B, T, l)
-    w = w.split(1, dim=-1)  # l views (B, T, 1), whose gradients come back as one tensor
+def vertical_mix(sources, inv_norms, alpha):
+    """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||) per token.
+    sources: l tensors (B, T, d); inv_norms: their 1 / ||h^i|| (inv_norm), l tensors (B, T, 1); alpha: (l,), the
+    map's row."""
+    w = alpha * torch.cat(inv_norms, dim=-1)  # alpha_i / ||h^i||: (B, T, l)
+    w = (w / w.sum(-1, keepdim=True)).split(1, dim=-1)  # alpha~ (eq. 3): l views (B, T, 1)
     v = sources[0] * w[0]
     for i in range(1, len(sources)):  # over sources, never over tokens; torch.compile fuses it into one kernel
         v = torch.addcmul(v, sources[i], w[i])
@@ -138,12 +140,12 @@ class GPT(nn.Module):
         B, T = idx.shape
         cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d): h^1
-        log_alpha = self.log_depth_map().unbind(0)  # L rows (L,): row l holds log alpha of sources 1..l+1
-        sources, log_norms, hidden = [], [], []
+        alpha = self.depth_map().unbind(0)  # L rows (L,): row l holds alpha of sources 1..l+1
+        sources, inv_norms, hidden = [], [], []
         for l, block in enumerate(self.blocks):
             sources.append(x)  # h^(l+1): the embedding, then each block's output
-            log_norms.append(log_norm(x, self.config.va_eps))  # once per source, read by every later block
-            x = block(vertical_mix(sources, log_norms, log_alpha[l][:l + 1]), cos, sin, cache, input_pos)
+            inv_norms.append(inv_norm(x, self.config.va_eps))  # once per source, read by every later block
+            x = block(vertical_mix(sources, inv_norms, alpha[l][:l + 1]), cos, sin, cache, input_pos)
             hidden.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
@@ -167,19 +169,15 @@ class GPT(nn.Module):
         return groups
 
     def depth_map(self, idx=None):
-        """The L x L map alpha (eq. 2): row l holds softmax(s_l) over sources 1..l, zeros above the diagonal.
-        This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's source norms), so it
-        needs no batch: idx, which the models whose map depends on the input read, is not used."""
-        return self.log_depth_map().exp()
-
-    def log_depth_map(self):
-        """log alpha, L x L, -inf above the diagonal (and where a fixed map has a zero): what forward mixes with."""
+        """The L x L map alpha (eq. 2): row l holds softmax(s_l) over sources 1..l, zeros above the diagonal (and a
+        fixed map as it is). This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's
+        source norms), so it needs no batch: idx, which the models whose map depends on the input read, is not used."""
         if self.va_scores is None:
-            return self.va_fixed.float().log()
+            return self.va_fixed.float()
         L = self.config.n_layer
         # float32 whatever the default dtype, like the scores it receives and the fixed maps above
         s = torch.full((L, L), float("-inf"), dtype=torch.float32, device=self.va_scores.device)
-        return s.index_put((self.va_rows, self.va_cols), self.va_scores.float()).log_softmax(-1)
+        return s.index_put((self.va_rows, self.va_cols), self.va_scores.float()).softmax(-1)
 
     @torch.no_grad()
     def stats(self, idx=None):

@@ -110,10 +110,10 @@ def test_the_layout_check_can_fail():
     rms = next(n for n in tree.body if getattr(n, "name", None) == "RMSNorm")
     lines = source.splitlines()
     text = "\n".join(lines[rms.lineno - 1:rms.end_lineno])
-    moved = source.replace(text + "\n", "").replace("\n\ndef log_norm", "\n\n" + text + "\n\n\ndef log_norm")
+    moved = source.replace(text + "\n", "").replace("\n\ndef inv_norm", "\n\n" + text + "\n\n\ndef inv_norm")
     line = next(n for n in ast.parse(moved).body if getattr(n, "name", None) == "RMSNorm").lineno
     assert layout_problems("vertical", moved) == [f"RMSNorm (line {line}) is on the wrong side of the banner"]
     long_doc = source.replace('"""\nimport math', "a note\n" * 20 + '"""\nimport math', 1)
     assert layout_problems("vertical", long_doc)[0] == "docstring over 20 lines"
-    late = source.replace("\n\ndef log_norm", "\n" * 100 + "def log_norm")
+    late = source.replace("\n\ndef inv_norm", "\n" * 100 + "def inv_norm")
     assert any(p.startswith("the method starts at line") for p in layout_problems("vertical", late))

@@ -88,8 +88,8 @@ def test_mix_equals_float64_equations(n_sources):
                * 10 ** torch.empty(B, T, 1).uniform_(-1, 1, generator=g) for i in range(n_sources)]
     scores = 3 * torch.randn(n_sources, generator=g)
     eps = model_vertical.GPTConfig().va_eps
-    log_norms = [model_vertical.log_norm(h, eps) for h in sources]
-    v = model_vertical.vertical_mix(sources, log_norms, scores.log_softmax(-1))
+    inv_norms = [model_vertical.inv_norm(h, eps) for h in sources]
+    v = model_vertical.vertical_mix(sources, inv_norms, scores.softmax(-1))
     ref = reference_mix(sources, scores, eps)
     assert v.dtype == torch.float32 and v.shape == (B, T, d)
     # float32 against float64, relative to each token's vector (single channels may cancel to ~0)
