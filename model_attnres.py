@@ -80,10 +80,10 @@ def block_ends(config):
     return {((n + 1) * q + min(n + 1, r)) * per_unit - 1 for n in range(config.n_blocks)}
 
 
-def unit_rms(v, eps):
-    """v / rms(v) over the channels (B, T, d), in float32 at least: RMSNorm without its weight."""
+def inv_rms(v, eps):
+    """1 / rms(v) over the channels: (B, T, d) -> (B, T, 1), in float32 at least. RMSNorm(v) = g * v * inv_rms(v)."""
     v = v.to(torch.promote_types(v.dtype, torch.float32))
-    return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class AttnRes(nn.Module):
@@ -99,12 +99,14 @@ class AttnRes(nn.Module):
         else:
             self.recency_bias = float(config.recency_bias) or None
 
-    def forward(self, values, normed):
-        """values: the S sources v_i (B, T, d), oldest first; normed: their v_i / rms(v_i) (unit_rms).
+    def forward(self, values, scales):
+        """values: the S sources v_i (B, T, d), oldest first; scales: their inv_rms(v_i), (B, T, 1) each.
         Returns the mix h (B, T, d) and its weights a (B, T, S)."""
-        # w . RMSNorm(v) = w . (g * v / rms(v)) = (g * w) . (v / rms(v)): no normalised key is stored per mix
-        gw = (self.key_weight * self.query).to(normed[0].dtype)
-        logits = torch.stack([torch.linalg.vecdot(n, gw) for n in normed], dim=-1)  # (B, T, S), float32 at least
+        # w . RMSNorm(v) = w . (g * v / rms(v)) = ((g * w) . v) / rms(v): one dot product per source and a scale
+        # per token, so no normalised copy of a source is made (each source is read once for its logit)
+        gw = (self.key_weight * self.query).to(scales[0].dtype)
+        dots = torch.stack([torch.linalg.vecdot(v.to(gw.dtype), gw) for v in values], dim=-1)  # (B, T, S)
+        logits = dots * torch.cat(scales, dim=-1)  # (B, T, S), float32 at least
         if self.recency_bias is not None:  # the sources come in order: the last is the most recent
             logits = torch.cat((logits[..., :-1], logits[..., -1:] + self.recency_bias), dim=-1)
         a = logits.softmax(dim=-1)  # (B, T, S): over sources, per token
@@ -117,12 +119,12 @@ class AttnRes(nn.Module):
 
 class DepthSources:
     """What the mixes may read, oldest first: the completed sources (the embedding, then block sums) and, once the
-    open block has an output, its partial sum; with each source's unit_rms, computed once for every mix that
-    reads it. A list, so no mix copies a source."""
+    open block has an output, its partial sum; with each source's inv_rms, computed once for every mix that reads
+    it. A list, so no mix copies a source."""
 
     def __init__(self, emb, ends, eps):
         self.ends, self.eps = ends, eps  # ends: the sublayers that complete a block (block_ends)
-        self.values, self.normed = [emb], [unit_rms(emb, eps)]
+        self.values, self.scales = [emb], [inv_rms(emb, eps)]
         self.partial, self.n_done = None, 0  # the open block's sum so far; sublayers run so far
 
     def add(self, f):
@@ -131,15 +133,15 @@ class DepthSources:
         self.partial = f if self.partial is None else self.partial + f
         if self.n_done in self.ends:  # the block is complete: its sum becomes a source
             self.values.append(self.partial)
-            self.normed.append(unit_rms(self.partial, self.eps))
+            self.scales.append(inv_rms(self.partial, self.eps))
             self.partial = None
         self.n_done += 1
 
     def read(self):
-        """(values, normed) of every source a mix may read now."""
+        """(values, scales) of every source a mix may read now."""
         if self.partial is None:
-            return self.values, self.normed
-        return self.values + [self.partial], self.normed + [unit_rms(self.partial, self.eps)]
+            return self.values, self.scales
+        return self.values + [self.partial], self.scales + [inv_rms(self.partial, self.eps)]
 
 
 class GPT(nn.Module):
