@@ -80,16 +80,19 @@ class LayerAttention(nn.Module):
         self.wo = nn.Linear(self.n_head * self.dk, config.n_embd, bias=config.bias)
 
     def forward(self, h, sources):
-        """h (B, T, d): h~_j; sources (B, T, j, d): h_0 .. h_{j-1} side by side (one batched product per layer, not
-        one per source)."""
+        """h (B, T, d): h~_j; sources: h_0 .. h_{j-1}, j tensors (B, T, d) as they were made (no stacked copy: each
+        is read where it lies, once for the scores and once for the mix)."""
         B, T, C = h.shape
         H, dk = self.n_head, self.dk
         q = self.wq(h).view(B, T, H, dk)                                                   # (B, T, H, dk)
         # q . (W_K h_i) = (W_K^T q) . h_i: one product with W_K per layer, not one per source
         qk = torch.einsum("bthk,hkd->bthd", q, self.wk.weight.view(H, dk, C)) / math.sqrt(dk)  # (B, T, H, d)
-        e = torch.einsum("bthd,btjd->bthj", qk, sources)                                   # (B, T, H, j)
+        e = torch.stack([torch.linalg.vecdot(qk, s.unsqueeze(2)) for s in sources], dim=-1)  # (B, T, H, j)
         alpha = e.softmax(dim=-1)                                                          # (B, T, H, j)
-        mix = torch.einsum("bthj,btjd->bthd", alpha, sources)                              # (B, T, H, d)
+        a = alpha.unsqueeze(-1).unbind(3)  # j views (B, T, H, 1), whose gradients come back as one tensor
+        mix = a[0] * sources[0].unsqueeze(2)
+        for i in range(1, len(sources)):
+            mix = torch.addcmul(mix, a[i], sources[i].unsqueeze(2))                         # (B, T, H, d)
         # sum_i alpha_i (W_V h_i + b) = W_V (sum_i alpha_i h_i) + b, since the alphas sum to 1
         v = torch.einsum("bthd,hkd->bthk", mix, self.wv.weight.view(H, dk, C)).reshape(B, T, H * dk)
         if self.wv.bias is not None:
@@ -111,10 +114,10 @@ class LayerLinear(nn.Module):
         self.score = nn.Parameter(torch.randn(n_sources + 1, d) * 0.02)  # w_{j,c}: one scorer per candidate
 
     def forward(self, h, sources):
-        """h (B, T, d): h~_j; sources (B, T, j, d): h_0 .. h_{j-1} side by side, each with its own projection."""
+        """h (B, T, d): h~_j; sources: h_0 .. h_{j-1}, j tensors (B, T, d), each with its own projection."""
         B, T, C = h.shape
         H = self.n_head
-        cand = torch.stack([p(s) for p, s in zip(self.proj, sources.unbind(2))] + [h], dim=2)  # (B, T, j+1, d)
+        cand = torch.stack([p(s) for p, s in zip(self.proj, sources)] + [h], dim=2)  # (B, T, j+1, d)
         e = torch.einsum("btchk,chk->btch", cand.view(B, T, -1, H, C // H),
                          self.score.view(-1, H, C // H))                                   # (B, T, j+1, H)
         alpha = e.softmax(dim=2).transpose(2, 3)                                           # (B, T, H, j+1)
@@ -159,9 +162,9 @@ class GPT(nn.Module):
         B, T = idx.shape
         cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d)
-        sources, hidden = x.new_empty(B, T, 0, x.size(-1)), []  # none yet
+        sources, hidden = [], []
         for j, (block, mix) in enumerate(zip(self.blocks, self.mix)):
-            sources = torch.cat((sources, x[:, :, None]), dim=2)  # h_0 .. h_j side by side: (B, T, j+1, d)
+            sources.append(x)  # h_0 .. h_j
             h = block(x, cos, sin, cache, input_pos)  # h~_j
             a, _ = mix(h, sources)  # (B, T, d); the weights alpha are for depth_map() and stats()
             x = h + a if self.config.aila_merge == "residual" else self.merge_norm[j](F.relu(h + a))

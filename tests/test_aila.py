@@ -117,7 +117,7 @@ def test_layer_output_matches_float64_recomputation(kw):
         for name, p in mix.named_parameters():
             p.copy_(torch.randn_like(p) * (0.1 if name.endswith("bias") or name == "score" else 0.05))
     h, sources = layer_inputs(j, model.config.n_embd)
-    a, alpha = mix(h, torch.stack(sources, dim=2))  # the model passes its sources side by side
+    a, alpha = mix(h, sources)
     ref_a, ref_alpha = (arch1_float64 if model.config.aila_arch == 1 else arch2_float64)(mix, h, sources)
     assert alpha.std() > 0.01  # the check is not trivial: the weights are far from uniform
     torch.testing.assert_close(alpha.double(), ref_alpha, atol=1e-5, rtol=1e-4)
