@@ -1,6 +1,7 @@
 """bench.py's speed and memory table end to end on a tiny shape, with consistent numbers (the sweep: test_sweep.py)."""
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -182,3 +183,30 @@ def test_kernels_model_file_that_is_no_model_is_one_line(tmp_path):
                           ("broken.py", "does not import"), ("empty.py", "defines neither GPT")]:
         with pytest.raises(ConfigError, match=message):
             kernels.main([*TINY, "--model_file", str(tmp_path / name)])
+
+
+def test_gpu_tables_commands_parse_with_their_scripts(capsys):
+    """gpu_tables.py --dry_run: every part's command is one that bench.py or kernels.py takes (its own parser
+    checks it), each writing its JSON under the --out folder; an unknown part is refused before anything runs."""
+    import gpu_tables
+    import kernels
+    todo = gpu_tables.main(["--dry_run", "--out", "results/gpu"])
+    assert list(todo) == list(gpu_tables.PARTS)
+    for part, argv in todo.items():
+        script, options = argv[0], argv[1:]
+        (bench if script == "bench.py" else kernels).parse_args(options)
+        assert options[options.index("--json") + 1].startswith("results/gpu/"), part
+    assert capsys.readouterr().out.count("python ") == len(gpu_tables.PARTS)
+    with pytest.raises(ConfigError, match="unknown --parts train"):
+        gpu_tables.main(["--dry_run", "--parts", "compiled,train"])
+
+
+def test_gpu_tables_summary_reads_every_table(tmp_path):
+    """--summary: one row per label of the JSON files, vanilla's ratios 1, and a part not run shown as '-'."""
+    import gpu_tables
+    table = gpu_tables.main(["--summary", "--out", os.path.join(ROOT, "results", "h100"), "--update_readme", "false"])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
+    assert {"vanilla", "vertical", "aila", "attnres", "skiplayer", "skipmiddle"} <= set(rows)
+    assert rows["vanilla"][1] == "1.00" and rows["vanilla"][-1] == "- |"
+    with pytest.raises(ConfigError, match="no bench.py JSON file"):
+        gpu_tables.main(["--summary", "--out", str(tmp_path)])
