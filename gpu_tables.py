@@ -122,8 +122,12 @@ def summary(out):
     return "\n".join(lines) + "\n"
 
 
+def parse_args(argv):
+    return parse_simple(TablesConfig, argv, __doc__)
+
+
 def main(argv):
-    args = parse_simple(TablesConfig, argv, __doc__)
+    args = parse_args(argv)
     if args.summary:
         if not args.out:
             raise ConfigError("--summary reads the JSON files of one GPU: give --out, e.g. results/h100")
