@@ -114,7 +114,9 @@ def generated(fn):
     import torch._inductor.config
     import torch._inductor.metrics as metrics
     torch._dynamo.reset()
-    with torch._inductor.config.patch(force_disable_caches=True):
+    off = ({"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else
+           {"fx_graph_cache": False})  # an older torch: its one cache that skips code generation
+    with torch._inductor.config.patch(**off):
         metrics.reset()
         fn()
         n = metrics.generated_kernel_count
