@@ -363,9 +363,6 @@ def plot_curves(plt, runs, path):
 
 def curves(args):
     """--curves: the runs' curves in one PNG and one line per run."""
-    others = [f"--{k}" for k in ("logit_lens", "depth_map", "mc", "lm_eval", "wiring") if getattr(args, k)]
-    if others:
-        raise ConfigError(f"--curves reads only the runs' logs; run {' '.join(others)} in a command of its own")
     if args.plot != "false" and not args.plot_path:  # the figure's path, before any log is read
         check_output("--curves", os.path.join(args.curves[0], "curves.png"), "file")
     runs = [read_run_log(run) for run in args.curves]
@@ -907,9 +904,6 @@ def plot_wiring(plt, panels, path):
 
 def draw_wiring(args):
     """--wiring: the panels, one summary per panel printed, and the figure."""
-    others = [f"--{k}" for k in ("logit_lens", "depth_map", "mc", "lm_eval", "curves") if getattr(args, k)]
-    if others:
-        raise ConfigError(f"--wiring draws the models' connections; run {' '.join(others)} in a command of its own")
     plt = pyplot_for(args.plot)
     first = next((e for e in args.wiring if e != "init"), None)
     path = args.plot_path or os.path.join(run_folder(first) if first else ".", "wiring.png")
@@ -938,8 +932,17 @@ def parse_args(argv):
     return parse_simple(EvalConfig, argv, __doc__)
 
 
+# the analyses a command may ask for; those of ALONE read no checkpoint's evaluation and take no other
+ANALYSES = ("logit_lens", "depth_map", "mc", "lm_eval", "curves", "wiring")
+ALONE = {"curves": "reads only the runs' logs", "wiring": "draws the models' connections"}
+
+
 def main(argv):
     args = parse_args(argv)
+    for mode, what in ALONE.items():
+        others = [f"--{k}" for k in ANALYSES if k != mode and getattr(args, mode) and getattr(args, k)]
+        if others:
+            raise ConfigError(f"--{mode} {what}; run {' '.join(others)} in a command of its own")
     if args.curves:
         return curves(args)
     if args.wiring:
