@@ -854,7 +854,7 @@ def wiring_tokens(args, ckpt, config):
             return torch.from_numpy(data[:2 * T].astype(np.int64)).view(2, T)
     except (ConfigError, KeyError, OSError):
         pass
-    print(f"note: no validation data for the run here; its wiring is read on random tokens", file=sys.stderr)
+    print("note: no validation data for the run here; its wiring is read on random tokens", file=sys.stderr)
     return torch.randint(config.vocab_size, (2, T), generator=torch.Generator().manual_seed(args.seed))
 
 

@@ -47,7 +47,11 @@ def assert_one_error_line(code, err, fragment):
 @pytest.fixture(scope="module")
 def tiny_data(data_dir, tmp_path_factory):
     """A small copy of the prepared Shakespeare data: 4,000 train and 300 val tokens."""
-    out = tmp_path_factory.mktemp("tiny") / "data"
+    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("tiny") / "data")
+
+
+def shakespeare_sample(data_dir, out):
+    """out/shakespeare: 4,000 train and 300 val tokens of the prepared Shakespeare data."""
     write_data_set(out / "shakespeare", np.fromfile(os.path.join(data_dir, "shakespeare", "train.bin"), np.uint16))
     return out
 

@@ -15,16 +15,12 @@ import torch
 import common
 import train
 from conftest import ROOT, run_script
-from test_errors import TINY, assert_one_error_line, checksums
+from test_errors import TINY, assert_one_error_line, checksums, shakespeare_sample
 
 
 @pytest.fixture(scope="module")
 def data(data_dir, tmp_path_factory):
-    from test_errors import write_data_set
-    import numpy as np
-    out = tmp_path_factory.mktemp("runs") / "data"
-    write_data_set(out / "shakespeare", np.fromfile(os.path.join(data_dir, "shakespeare", "train.bin"), np.uint16))
-    return out
+    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("runs") / "data")
 
 
 @pytest.fixture(scope="module")

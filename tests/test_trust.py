@@ -9,22 +9,19 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 import train
 from conftest import ROOT, run_script
-from test_errors import TINY, assert_one_error_line, checksums, write_data_set
+from test_errors import TINY, assert_one_error_line, checksums, shakespeare_sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data(data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("trust") / "data"
-    write_data_set(out / "shakespeare", np.fromfile(os.path.join(data_dir, "shakespeare", "train.bin"), np.uint16))
-    return out
+    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("trust") / "data")
 
 
 @pytest.fixture(scope="module")
