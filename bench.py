@@ -68,6 +68,10 @@ class BenchConfig:
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the training step")
+    warm_only: bool = option(False, "compile the step of each --runs model (training with --compile, the decode "
+                             "step with --decode) and measure nothing: inductor keeps what it compiled in its cache "
+                             "on disk, from which the same command compiles again in seconds (gpu_tables.py warms "
+                             "every model at once so, then times them one after another)")
     json: str = option("", "also write the results to this JSON file", path=True, out="file")
     close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
                               "every later one for every token (blocks K to L-1-K skipped); -1 = as initialised", min=-1)
@@ -428,14 +432,14 @@ def load_baseline(folder, name, model, config_args):
     return base
 
 
-def decode_cases(wanted, shape, batches, args, device, ctx):
-    """{(label, mode, batch): Decoding} for vanilla and every wanted run, eager and compiled (mode 'eager',
-    'compiled', and 'baseline' with --baseline); skipmiddle's generation with skipping is labelled as the run and
-    without as '<label> (skip=False)'. Also returns the compile seconds of each compiled case: its first
-    generate(), which traces and compiles the step (a new batch size may compile again)."""
+def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
+    """{(label, mode, batch): Decoding} for vanilla (unless vanilla=False) and every wanted run, eager and compiled
+    (mode 'eager', 'compiled', and 'baseline' with --baseline); skipmiddle's generation with skipping is labelled as
+    the run and without as '<label> (skip=False)'. Also returns the compile seconds of each compiled case: its
+    first generate(), which traces and compiles the step (a new batch size may compile again)."""
     cases, compile_s = {}, {}
     for label, name, overrides in RUNS:
-        if label != "vanilla" and label not in wanted:
+        if label not in wanted and not (vanilla and label == "vanilla"):
             continue
         module = load_model_module(name)
         torch.manual_seed(0)
@@ -459,6 +463,22 @@ def decode_cases(wanted, shape, batches, args, device, ctx):
     return cases, compile_s
 
 
+def warm_caches(wanted, shape, batches, args, device, ctx):
+    """--warm_only: the compiled steps of exactly the wanted runs, each run as the measuring command runs it (the
+    training step with its warm-up steps, or the decode step's first generations), and nothing timed."""
+    if args.decode:
+        decode_cases(wanted, shape, batches, args, device, ctx, vanilla=False)
+        return []
+    for label, name, overrides in RUNS:
+        if label in wanted:
+            run = Training(load_model_module(name), {**shape, **overrides}, args, device, ctx)
+            for _ in range(max(args.warmup, 1)):
+                run.step()
+            del run
+            print(f"  compiled {label}", file=sys.stderr)
+    return []
+
+
 def parse_args(argv):
     return parse_simple(BenchConfig, argv, __doc__)
 
@@ -474,6 +494,9 @@ def main(argv):
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
+    if args.warm_only and (not (args.compile or args.decode) or args.json or args.update_readme):
+        raise ConfigError("--warm_only compiles and measures nothing: give it --compile (training) or --decode, "
+                          "without --json or --update_readme")
     if args.update_readme and not (args.decode and args.json):
         raise ConfigError("--update_readme writes the --decode table into the page that holds its markers: give "
                           "--decode, and --json (its path names the markers)")
@@ -489,6 +512,8 @@ def main(argv):
     hardware = hardware_name(device)
     if args.json:  # the folder, before an hour of measuring: a path that cannot be written fails now
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    if args.warm_only:
+        return warm_caches(wanted, shape, batches, args, device, ctx)
     head = {"size": args.size, "shape": shape, "hardware": hardware, "dtype": dtype, "torch": torch.__version__,
             "repeats": args.repeats}
     if args.decode:

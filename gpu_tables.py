@@ -14,8 +14,14 @@ every model file with its default settings (--runs):
     compiled4096 training, torch.compile, 4096 tokens
     kernels_compiled  the Triton kernels inductor generates per training step and per decode step
 Each part runs in its own process, so that one that fails leaves the others' tables; the time of each is printed,
-and the command exits non-zero if any failed. On one H100 the first three take about 8 minutes (most of it
-compiling: each model's training step compiles for 30 to 80 s).
+and the command exits non-zero if any failed.
+
+Most of the time is compiling: on one H100 each model's training step compiles for 30 to 80 s, so the six models'
+steps at two lengths and their decode steps would take over 10 minutes in a row. So the command runs in two
+phases. First, --jobs processes at once compile every step that a timed part will compile (bench.py --warm_only:
+measuring nothing), and run the parts that only count (kernels, kernels_compiled); inductor keeps each compiled
+step in its cache on disk. Then the timed parts run one after another, alone on the machine, and their models
+compile from that cache in seconds.
 """
 import json
 import os
@@ -24,6 +30,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +38,9 @@ import torch
 from common import ConfigError, RunError, hardware_name, main_boundary, option, parse_simple, update_readme
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
+COUNTING = ("kernels_compiled", "kernels")  # the parts that time nothing: they run beside the compiling, slowest first
+COMPILING = ("compiled4096", "compiled", "decode")  # the timed parts that compile, slowest first
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
@@ -42,6 +52,9 @@ class TablesConfig:
                       path=True, out="folder")
     repeats: int = option(3, "timed repeats per model (bench.py --repeats)", min=1)
     iters: int = option(5, "training steps per timed repeat (bench.py --iters)", min=1)
+    jobs: int = option(4, "processes compiling at once before the timed parts (each holds a training step of the 300m "
+                       "shape on the GPU, about 16 GB); 1 = no such phase: each timed part compiles its models itself",
+                       min=1)
     update_readme: bool = option(True, "also rewrite the tables' copies in docs/ (between each JSON's markers)")
     dry_run: bool = option(False, "print the commands and run nothing (also where there is no GPU)")
     summary: bool = option(False, "run nothing: only rewrite the summary table of the JSON files in --out (no GPU "
@@ -78,6 +91,57 @@ def commands(args, out):
     if unknown:
         raise ConfigError(f"unknown --parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     return {part: every[part] for part in PARTS if part in wanted}
+
+
+def without(argv, *names):
+    """argv less the options named, each with its value (a flag, --update_readme, has none)."""
+    out, skip = [], False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+        elif word in names:
+            skip = word != "--update_readme"
+        else:
+            out.append(word)
+    return out
+
+
+def warm_commands(todo, args):
+    """[(name, argv)]: for each timed part that compiles, one bench.py --warm_only per model, the part's own command
+    otherwise (its shapes, dtype and steps), so that inductor's cache holds exactly what the part will compile."""
+    return [(f"{part} {label}", [*without(todo[part], "--runs", "--json", "--update_readme"), "--runs", label,
+                                 "--warm_only"])
+            for part in COMPILING if part in todo for label in ["vanilla", *args.runs.split(",")]]
+
+
+def run_quietly(commands):
+    """[(name, exit code, seconds, output)] of scripts run one after another, each in its own process, its output
+    kept for the end."""
+    done = []
+    for name, argv in commands:
+        t0 = time.perf_counter()
+        run = subprocess.run([sys.executable, *argv], cwd=HERE, capture_output=True, text=True)
+        done.append((name, argv, run.returncode, time.perf_counter() - t0, run.stdout + run.stderr))
+    return done
+
+
+def first_phase(todo, args):
+    """Every compile of the timed parts, --jobs at a time, and beside them the parts that only count (one after
+    the other: each rewrites its table in docs/). Returns the counting parts that failed; a failed compile is only
+    reported, since its timed part will compile (and fail) on its own."""
+    counting = [(part, todo[part]) for part in COUNTING if part in todo]
+    jobs = ([counting] if counting else []) + [[job] for job in warm_commands(todo, args)]
+    failed = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for future in as_completed([pool.submit(run_quietly, job) for job in jobs]):
+            for name, argv, code, seconds, output in future.result():
+                print(f"# {name}: {shlex.join(['python', *argv])}\n"
+                      f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s", flush=True)
+                if name in COUNTING or code:
+                    print(output if name in COUNTING else output[-3000:], end="", flush=True)
+                if code and name in COUNTING:
+                    failed.append(name)
+    return failed
 
 
 def summary(out):
@@ -140,16 +204,26 @@ def main(argv):
         raise ConfigError("no CUDA GPU here: these are the GPU tables; --dry_run prints the commands")
     out = args.out or gpu_folder(hardware_name(torch.device("cuda")) if torch.cuda.is_available() else "gpu")
     todo = commands(args, out)
+    timed = [part for part in todo if args.jobs == 1 or part not in COUNTING]
     if args.dry_run:
-        for argv_ in todo.values():
-            print(shlex.join(["python", *argv_]))
+        if args.jobs > 1:
+            print(f"# first, {args.jobs} at a time:")
+            for argv_ in [todo[part] for part in COUNTING if part in todo] + [a for _, a in warm_commands(todo, args)]:
+                print(shlex.join(["python", *argv_]))
+            print("# then, one after another:")
+        for part in timed:
+            print(shlex.join(["python", *todo[part]]))
         return todo
     os.makedirs(out, exist_ok=True)
-    failed, start = [], time.perf_counter()
-    for part, argv_ in todo.items():
+    start = time.perf_counter()
+    failed = first_phase(todo, args) if args.jobs > 1 else []
+    if args.jobs > 1:
+        print(f"# compiled and counted, {args.jobs} at a time: {time.perf_counter() - start:.0f} s", flush=True)
+    for part in timed:
+        argv_ = todo[part]
         print(f"# {part}: {shlex.join(['python', *argv_])}", flush=True)
         t0 = time.perf_counter()
-        code = subprocess.run([sys.executable, *argv_], cwd=os.path.dirname(os.path.abspath(__file__))).returncode
+        code = subprocess.run([sys.executable, *argv_], cwd=HERE).returncode
         print(f"# {part}: {'done' if code == 0 else f'failed (exit {code})'} in {time.perf_counter() - t0:.0f} s",
               flush=True)
         if code:

@@ -2,6 +2,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -196,9 +198,51 @@ def test_gpu_tables_commands_parse_with_their_scripts(capsys):
         script, options = argv[0], argv[1:]
         (bench if script == "bench.py" else kernels).parse_args(options)
         assert options[options.index("--json") + 1].startswith("results/gpu/"), part
-    assert capsys.readouterr().out.count("python ") == len(gpu_tables.PARTS)
+    # the first phase compiles each model of each compiling part once, with that part's options, writing nothing
+    warm = gpu_tables.warm_commands(todo, gpu_tables.parse_args([]))
+    assert len(warm) == 3 * 6
+    for name, argv in warm:
+        part, label = name.split()
+        args = bench.parse_args(argv[1:])
+        assert args.warm_only and args.runs == label and not args.json and not args.update_readme
+        measured = vars(bench.parse_args(todo[part][1:]))
+        assert {k for k, v in vars(args).items() if v != measured[k]} <= {"runs", "warm_only", "json", "update_readme"}
+    assert capsys.readouterr().out.count("python ") == len(gpu_tables.PARTS) + len(warm)
     with pytest.raises(ConfigError, match="unknown --parts train"):
         gpu_tables.main(["--dry_run", "--parts", "compiled,train"])
+
+
+def test_gpu_tables_first_phase_reports_what_failed(capsys):
+    """The first phase runs its processes side by side and says how each ended: a failed counting part is returned
+    (the command then fails), a failed compile only reported (its timed part compiles again and fails itself)."""
+    import gpu_tables
+    todo = {"kernels": ["kernels.py", "--size", "huge"], "compiled": ["bench.py", "--size", "huge"]}
+    failed = gpu_tables.first_phase(todo, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]))
+    out = capsys.readouterr().out
+    assert failed == ["kernels"]
+    assert "# compiled vertical: failed (exit 1)" in out and "# compiled vanilla: failed (exit 1)" in out
+    assert out.count("error: --size huge is not one of") == 3  # each one's own message
+
+
+def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp_path):
+    """bench.py --warm_only compiles and writes nothing else; the same command in a new process then finds every
+    compiled graph in inductor's cache on disk (what gpu_tables.py's first phase relies on)."""
+    with pytest.raises(ConfigError, match="give it --compile"):
+        bench.main(["--warm_only", "--runs", "vanilla"])
+    with pytest.raises(ConfigError, match="without --json"):
+        bench.main(["--warm_only", "--compile", "--json", str(tmp_path / "x.json")])
+    script = ("import bench, torch\nfrom torch._dynamo.utils import counters\n"
+              "bench.main(['--device', 'cpu', '--compile', '--warm_only', '--runs', 'vanilla', '--n_layer', '1', "
+              "'--block_size', '16', '--batch_size', '1', '--vocab_size', '64', '--warmup', '1'])\n"
+              "print('hits', counters['inductor']['fxgraph_cache_hit'], 'misses', "
+              "counters['inductor']['fxgraph_cache_miss'])\n")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+            for _ in range(2)]
+    (_, hits1, _, misses1), (_, hits2, _, misses2) = (r.stdout.split()[-4:] for r in runs)
+    assert int(misses1) > 0 and int(hits1) == 0, runs[0].stdout + runs[0].stderr
+    assert int(hits2) == int(misses1) and int(misses2) == 0, runs[1].stdout + runs[1].stderr
+    assert not list(tmp_path.glob("*.json"))
 
 
 def test_gpu_tables_summary_reads_every_table(tmp_path):
