@@ -145,7 +145,8 @@ class GPT(nn.Module):
         for l, block in enumerate(self.blocks):
             sources.append(x)  # h^(l+1): the embedding, then each block's output
             inv_norms.append(inv_norm(x, self.config.va_eps))  # once per source, read by every later block
-            x = block(vertical_mix(sources, inv_norms, alpha[l][:l + 1]), cos, sin, cache, input_pos)
+            # block 1's only source is h^1, and a mix of one source is that source (alpha~ = w / w = 1 exactly)
+            x = block(vertical_mix(sources, inv_norms, alpha[l][:l + 1]) if l else x, cos, sin, cache, input_pos)
             hidden.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
