@@ -61,9 +61,10 @@ READERS = {
     "train_bin": ("data/shakespeare/train.bin", lambda r: ("train.py", ["--data_dir", f"{r}/data", "--out_dir",
                                                                         f"{r}/new", "--max_iters=1", *TINY]),
                   None, None),
+    # --max_iters=1 after the preset: an empty preset is a good one, and would train for the default 1000 steps
     "preset": ("preset.py", lambda r: ("train.py", [f"{r}/preset.py", "--data_dir", f"{r}/data", "--out_dir",
-                                                    f"{r}/new", *TINY]),
-               lambda t: t.replace("max_iters = 1", "max_iters = 'one'"),
+                                                    f"{r}/new", "--max_iters=1", *TINY]),
+               lambda t: t.replace("learning_rate = 1e-3", "learning_rate = 'fast'"),
                lambda t: t.replace("learning_rate = 1e-3", "learning_rate = float('nan')")),
     "hf_config": ("hf/config.json", lambda r: ("train.py", ["--init_from", f"{r}/hf", "--data_dir", f"{r}/data",
                                                             "--out_dir", f"{r}/new", "--max_iters=0",
