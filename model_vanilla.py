@@ -202,7 +202,7 @@ def cached_attention(q, k, v, mask):
     G = H // k.size(1)
     y = F.scaled_dot_product_attention(                                            # (B, H_kv, G T, hd)
         q.reshape(B, k.size(1), G * T, hd), k, v, attn_mask=mask.tile(G, 1))
-    return y.view(B, H, T, hd)
+    return y.reshape(B, H, T, hd)  # a copy only where the kernel left another layout (CUDA, float32)
 
 
 class MLP(nn.Module):
