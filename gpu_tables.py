@@ -114,30 +114,35 @@ def warm_commands(todo, args):
             for part in COMPILING if part in todo for label in ["vanilla", *args.runs.split(",")]]
 
 
-def run_quietly(commands):
-    """[(name, exit code, seconds, output)] of scripts run one after another, each in its own process, its output
-    kept for the end."""
+def run_quietly(commands, logs):
+    """[(name, argv, exit code, seconds, log file)] of scripts run one after another, each in its own process, its
+    output written as it comes to logs/<name>.log (what a run stopped halfway leaves)."""
     done = []
     for name, argv in commands:
-        t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, *argv], cwd=HERE, capture_output=True, text=True)
-        done.append((name, argv, run.returncode, time.perf_counter() - t0, run.stdout + run.stderr))
+        log, t0 = os.path.join(logs, name.replace(" ", "_") + ".log"), time.perf_counter()
+        with open(log, "w") as f:
+            code = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=f, stderr=subprocess.STDOUT).returncode
+        done.append((name, argv, code, time.perf_counter() - t0, log))
     return done
 
 
-def first_phase(todo, args):
+def first_phase(todo, args, out):
     """Every compile of the timed parts, --jobs at a time, and beside them the parts that only count (one after
-    the other: each rewrites its table in docs/). Returns the counting parts that failed; a failed compile is only
-    reported, since its timed part will compile (and fail) on its own."""
+    the other: each rewrites its table in docs/). Each job's output goes to out/logs/. Returns the counting parts
+    that failed; a failed compile is only reported, since its timed part will compile (and fail) on its own."""
+    logs = os.path.join(out, "logs")
+    os.makedirs(logs, exist_ok=True)
     counting = [(part, todo[part]) for part in COUNTING if part in todo]
     jobs = ([counting] if counting else []) + [[job] for job in warm_commands(todo, args)]
     failed = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        for future in as_completed([pool.submit(run_quietly, job) for job in jobs]):
-            for name, argv, code, seconds, output in future.result():
+        for future in as_completed([pool.submit(run_quietly, job, logs) for job in jobs]):
+            for name, argv, code, seconds, log in future.result():
                 print(f"# {name}: {shlex.join(['python', *argv])}\n"
-                      f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s", flush=True)
+                      f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s; its output: "
+                      f"{log}", flush=True)
                 if name in COUNTING or code:
+                    output = open(log).read()
                     print(output if name in COUNTING else output[-3000:], end="", flush=True)
                 if code and name in COUNTING:
                     failed.append(name)
@@ -216,7 +221,7 @@ def main(argv):
         return todo
     os.makedirs(out, exist_ok=True)
     start = time.perf_counter()
-    failed = first_phase(todo, args) if args.jobs > 1 else []
+    failed = first_phase(todo, args, out) if args.jobs > 1 else []
     if args.jobs > 1:
         print(f"# compiled and counted, {args.jobs} at a time: {time.perf_counter() - start:.0f} s", flush=True)
     for part in timed:

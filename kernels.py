@@ -75,6 +75,8 @@ class KernelsConfig:
     top: int = option(6, "operators listed per row of the eager table", min=0)
     update_readme: bool = option(False, "also write the table between the markers of the --json file, in the page "
                                  "of README.md or docs/ that holds them")
+    table_only: bool = option(False, "count nothing: print the table of the --json file, counted before or elsewhere "
+                              "(a GPU's), and with --update_readme write it into its page")
 
 
 class KernelCount(TorchDispatchMode):
@@ -195,8 +197,11 @@ def parse_args(argv):
     for name, value in SHAPES[args.size].items():  # the --size shape, where an option was not given
         if name not in given:
             setattr(args, name, value)
-    if args.update_readme and not args.json:
-        raise ConfigError("--update_readme writes the table of a --json file; give --json too")
+    if (args.update_readme or args.table_only) and not args.json:
+        raise ConfigError(f"{'--table_only reads' if args.table_only else '--update_readme writes'} the table of a "
+                          "--json file; give --json too")
+    if args.table_only and not os.path.isfile(args.json):
+        raise ConfigError(f"--table_only: no file {args.json}; count first (without --table_only)")
     if args.model_file and args.compiled:
         raise ConfigError("--compiled counts this repository's model files; drop --model_file or --compiled")
     labels = {r[0] for r in RUNS}
@@ -212,6 +217,9 @@ def parse_args(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.table_only:
+        with open(args.json) as f:
+            return publish(json.load(f), args)
     device = resolve_device(args.device)
     torch.manual_seed(0)
     if args.model_file:
@@ -232,36 +240,45 @@ def main(argv=None):
             print(f"{label}: {rows[label]['train']} generated kernels per training step, {rows[label]['decode']} per "
                   "decode step", file=sys.stderr)  # progress: each model compiles for a minute or more on a CPU
         del model
-    base, base_decode = rows["vanilla"]["train"], rows["vanilla"]["decode"]
     dtype = "float32" if device.type == "cpu" else "bf16 autocast"
-    what = (f"kernels inductor generates, {dtype}, {hardware_name(device)}" if args.compiled else
-            f"ATen operators, float32, {hardware_name(device)}" if device.type == "cpu" else
-            f"kernel launches, bf16 autocast, {hardware_name(device)}")
-    shape = (f"{args.n_layer} x {args.n_embd}, vocab {args.vocab_size}, batch {args.batch_size} x {args.block_size}, "
-             f"torch {torch.__version__}")
-    command = shlex.join(["python", "kernels.py", *argv])
-    if args.compiled:
-        lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {shape}; "
-                 f"`{command}`:", "", "| model | fwd+bwd | x vanilla | decode step | x vanilla |",
+    saved = {"shape": {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size,
+                       "block_size": args.block_size, "torch": torch.__version__, "device": hardware_name(device),
+                       "dtype": dtype, "compiled": args.compiled, "command": shlex.join(["python", "kernels.py", *argv])},
+             "models": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(saved, f, indent=1)
+    publish(saved, args)
+
+
+def publish(saved, args):
+    """Print the Markdown table of saved (the --json file's content), and with --update_readme write it between
+    that file's markers."""
+    shape, rows = saved["shape"], saved["models"]
+    command = shape.get("command", "")  # files written before the field was hold none
+    base, base_decode = rows["vanilla"]["train"], rows["vanilla"]["decode"]
+    cpu = shape["device"].startswith("CPU")  # hardware_name()'s words for a CPU
+    dtype = shape.get("dtype", "float32" if cpu else "bf16 autocast")  # files written before the field was
+    what = (f"kernels inductor generates, {dtype}, {shape['device']}" if shape.get("compiled") else
+            f"ATen operators, float32, {shape['device']}" if cpu else
+            f"kernel launches, bf16 autocast, {shape['device']}")
+    size = (f"{shape['n_layer']} x {shape['n_embd']}, vocab {shape['vocab_size']}, batch {shape['batch_size']} x "
+            f"{shape['block_size']}, torch {shape['torch']}" + (f"; `{command}`" if command else ""))
+    if shape.get("compiled"):
+        lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {size}:", "", "| model | fwd+bwd | x vanilla | decode step | x vanilla |",
                  "|---|--:|--:|--:|--:|"]
         lines += [f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | "
                   f"{r['decode'] / base_decode:.2f} |" for label, r in rows.items()]
     else:
-        lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {shape}; "
-                 f"`{command}`:", "",
+        lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {size}:", "",
                  "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
         for label, r in rows.items():  # a GPU kernel's name can run to hundreds of characters: its first 40 here
             top = ", ".join(f"{n[:40]} {c}" for n, c in list(r["train_ops"].items())[:args.top])
             lines.append(f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
     print("\n".join(lines))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"shape": {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size,
-                                 "block_size": args.block_size, "torch": torch.__version__,
-                                 "device": hardware_name(device), "compiled": args.compiled, "command": command},
-                       "models": rows}, f, indent=1)
-        if args.update_readme:
-            update_readme("\n".join(lines) + "\n", args.json)
+    if args.update_readme:
+        update_readme("\n".join(lines) + "\n", args.json)
+    return lines
 
 
 if __name__ == "__main__":

@@ -149,6 +149,24 @@ def test_kernels_compiled_counts_are_deterministic(tmp_path):
     assert again["generated"] == vanilla["train"]
 
 
+def test_kernels_table_only_renders_a_saved_file_as_counted(tmp_path):
+    """--table_only prints the table of a JSON file counted elsewhere (a GPU's) from its numbers alone: a count
+    changed in the file changes the table; without a file it is one line naming --json."""
+    import kernels
+    saved = json.load(open(os.path.join(ROOT, "results", "kernels_compiled.json")))
+    saved["models"]["vertical"]["train"] = 2 * saved["models"]["vanilla"]["train"]
+    path = tmp_path / "counted.json"
+    path.write_text(json.dumps(saved))
+    lines = kernels.main(["--table_only", "--json", str(path)])
+    row = next(line for line in lines if line.startswith("| vertical |"))
+    assert row.split(" | ")[1:3] == [str(saved["models"]["vertical"]["train"]), "2.00"]
+    assert saved["shape"]["command"] in lines[0]
+    for argv, message in [(["--table_only"], "give --json too"),
+                          (["--table_only", "--json", str(tmp_path / "none.json")], "no file")]:
+        with pytest.raises(ConfigError, match=message):
+            kernels.main(argv)
+
+
 @pytest.mark.slow
 def test_kernels_compiled_counts_see_the_method():
     """A method's own work shows in the compiled count: attnres-full mixes every sublayer's output, more passes
@@ -212,14 +230,15 @@ def test_gpu_tables_commands_parse_with_their_scripts(capsys):
         gpu_tables.main(["--dry_run", "--parts", "compiled,train"])
 
 
-def test_gpu_tables_first_phase_reports_what_failed(capsys):
+def test_gpu_tables_first_phase_reports_what_failed(capsys, tmp_path):
     """The first phase runs its processes side by side and says how each ended: a failed counting part is returned
     (the command then fails), a failed compile only reported (its timed part compiles again and fails itself)."""
     import gpu_tables
     todo = {"kernels": ["kernels.py", "--size", "huge"], "compiled": ["bench.py", "--size", "huge"]}
-    failed = gpu_tables.first_phase(todo, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]))
+    failed = gpu_tables.first_phase(todo, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]), tmp_path)
     out = capsys.readouterr().out
     assert failed == ["kernels"]
+    assert "--size huge" in (tmp_path / "logs" / "compiled_vertical.log").read_text()  # kept as it came
     assert "# compiled vertical: failed (exit 1)" in out and "# compiled vanilla: failed (exit 1)" in out
     assert out.count("error: --size huge is not one of") == 3  # each one's own message
 
