@@ -492,11 +492,11 @@ def main(argv):
     unknown = wanted - {r[0] for r in RUNS}
     if unknown:
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
+    if args.warm_only and (not (args.compile or args.decode) or args.json or args.update_readme or args.checkpoint):
+        raise ConfigError("--warm_only compiles and measures nothing: give it --compile (training) or --decode, "
+                          "without --json, --update_readme or --checkpoint")
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
-    if args.warm_only and (not (args.compile or args.decode) or args.json or args.update_readme):
-        raise ConfigError("--warm_only compiles and measures nothing: give it --compile (training) or --decode, "
-                          "without --json or --update_readme")
     if args.update_readme and not (args.decode and args.json):
         raise ConfigError("--update_readme writes the --decode table into the page that holds its markers: give "
                           "--decode, and --json (its path names the markers)")
