@@ -126,17 +126,22 @@ def run_quietly(commands, logs):
     return done
 
 
+def first_jobs(todo, args):
+    """The first phase's jobs, each a list of (name, argv) run one after another: the counting parts together,
+    then each warm command alone."""
+    counting = [(part, todo[part]) for part in COUNTING if part in todo]
+    return ([counting] if counting else []) + [[job] for job in warm_commands(todo, args)]
+
+
 def first_phase(todo, args, out):
     """Every compile of the timed parts, --jobs at a time, and beside them the parts that only count (one after
     the other: each rewrites its table in docs/). Each job's output goes to out/logs/. Returns the counting parts
     that failed; a failed compile is only reported, since its timed part will compile (and fail) on its own."""
     logs = os.path.join(out, "logs")
     os.makedirs(logs, exist_ok=True)
-    counting = [(part, todo[part]) for part in COUNTING if part in todo]
-    jobs = ([counting] if counting else []) + [[job] for job in warm_commands(todo, args)]
     failed = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        for future in as_completed([pool.submit(run_quietly, job, logs) for job in jobs]):
+        for future in as_completed([pool.submit(run_quietly, job, logs) for job in first_jobs(todo, args)]):
             for name, argv, code, seconds, log in future.result():
                 print(f"# {name}: {shlex.join(['python', *argv])}\n"
                       f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s; its output: "
@@ -213,7 +218,7 @@ def main(argv):
     if args.dry_run:
         if args.jobs > 1:
             print(f"# first, {args.jobs} at a time:")
-            for argv_ in [todo[part] for part in COUNTING if part in todo] + [a for _, a in warm_commands(todo, args)]:
+            for _, argv_ in (job for jobs in first_jobs(todo, args) for job in jobs):
                 print(shlex.join(["python", *argv_]))
             print("# then, one after another:")
         for part in timed:

@@ -255,18 +255,17 @@ def publish(saved, args):
     """Print the Markdown table of saved (the --json file's content), and with --update_readme write it between
     that file's markers."""
     shape, rows = saved["shape"], saved["models"]
-    command = shape.get("command", "")  # files written before the field was hold none
+    command = shape.get("command", "")  # older files hold none
     base, base_decode = rows["vanilla"]["train"], rows["vanilla"]["decode"]
     cpu = shape["device"].startswith("CPU")  # hardware_name()'s words for a CPU
     dtype = shape.get("dtype", "float32" if cpu else "bf16 autocast")  # files written before the field was
-    what = (f"kernels inductor generates, {dtype}, {shape['device']}" if shape.get("compiled") else
-            f"ATen operators, float32, {shape['device']}" if cpu else
-            f"kernel launches, bf16 autocast, {shape['device']}")
+    kind = "kernels inductor generates" if shape.get("compiled") else "ATen operators" if cpu else "kernel launches"
+    what = f"{kind}, {dtype}, {shape['device']}"
     size = (f"{shape['n_layer']} x {shape['n_embd']}, vocab {shape['vocab_size']}, batch {shape['batch_size']} x "
             f"{shape['block_size']}, torch {shape['torch']}" + (f"; `{command}`" if command else ""))
     if shape.get("compiled"):
-        lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {size}:", "", "| model | fwd+bwd | x vanilla | decode step | x vanilla |",
-                 "|---|--:|--:|--:|--:|"]
+        lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {size}:", "",
+                 "| model | fwd+bwd | x vanilla | decode step | x vanilla |", "|---|--:|--:|--:|--:|"]
         lines += [f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | "
                   f"{r['decode'] / base_decode:.2f} |" for label, r in rows.items()]
     else:

@@ -75,6 +75,8 @@ def vertical_mix(sources, inv_norms, alpha):
     """Eqs. 3-4: v = sum_i alpha~_i h^i, alpha~_i = (alpha_i / ||h^i||) / sum_j (alpha_j / ||h^j||) per token.
     sources: l tensors (B, T, d); inv_norms: their 1 / ||h^i|| (inv_norm), l tensors (B, T, 1); alpha: (l,), the
     map's row."""
+    if len(sources) == 1:  # block 1 reads h^1 alone, and a mix of one source is that source (alpha~ = w / w = 1)
+        return sources[0]
     w = alpha * torch.cat(inv_norms, dim=-1)  # alpha_i / ||h^i||: (B, T, l)
     w = (w / w.sum(-1, keepdim=True)).split(1, dim=-1)  # alpha~ (eq. 3): l views (B, T, 1)
     v = sources[0] * w[0]
@@ -145,8 +147,7 @@ class GPT(nn.Module):
         for l, block in enumerate(self.blocks):
             sources.append(x)  # h^(l+1): the embedding, then each block's output
             inv_norms.append(inv_norm(x, self.config.va_eps))  # once per source, read by every later block
-            # block 1's only source is h^1, and a mix of one source is that source (alpha~ = w / w = 1 exactly)
-            x = block(vertical_mix(sources, inv_norms, alpha[l][:l + 1]) if l else x, cos, sin, cache, input_pos)
+            x = block(vertical_mix(sources, inv_norms, alpha[l][:l + 1]), cos, sin, cache, input_pos)
             hidden.append(x)
         logits = self.lm_head(self.norm(x))  # (B, T, vocab)
         loss = None
