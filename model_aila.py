@@ -14,6 +14,7 @@ The final RMSNorm and head read h_L. Arch 2 runs by linearity, q . W_K h_i = (W_
 sum_i alpha_i W_V h_i = W_V sum_i alpha_i h_i: one key and one value product per layer, not one per source.
 docs/aila.md has the readings of the paper, the parameter counts, the costs and the Hugging Face notes.
 """
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -68,6 +69,16 @@ class GPTConfig:
             raise ValueError(f"--aila_heads {self.aila_heads} must divide --n_embd {self.n_embd}")
 
 
+def softmax_over(logits):
+    """softmax_i over a list of same-shaped tensors, element by element: exp(logits[i] - m) / sum_j exp(logits[j] - m),
+    m their maximum, the same as torch.stack(logits, -1).softmax(-1) unstacked. Compiled, these few operations per
+    token run inside the pass that mixes the sources, where a stacked softmax is passes of its own."""
+    m = functools.reduce(torch.maximum, logits)
+    e = [torch.exp(x - m) for x in logits]
+    total = functools.reduce(torch.add, e)
+    return [x / total for x in e]
+
+
 class LayerAttention(nn.Module):
     """Architecture 2 for one layer: scaled dot-product attention of h~_j over the sources h_0..h_{j-1}."""
 
@@ -87,9 +98,8 @@ class LayerAttention(nn.Module):
         q = self.wq(h).view(B, T, H, dk)                                                   # (B, T, H, dk)
         # q . (W_K h_i) = (W_K^T q) . h_i: one product with W_K per layer, not one per source
         qk = torch.einsum("bthk,hkd->bthd", q, self.wk.weight.view(H, dk, C)) / math.sqrt(dk)  # (B, T, H, d)
-        e = torch.stack([torch.linalg.vecdot(qk, s.unsqueeze(2)) for s in sources], dim=-1)  # (B, T, H, j)
-        alpha = e.softmax(dim=-1)                                                          # (B, T, H, j)
-        a = alpha.unsqueeze(-1).unbind(3)  # j views (B, T, H, 1), whose gradients come back as one tensor
+        e = [torch.linalg.vecdot(qk, s.unsqueeze(2)).unsqueeze(-1) for s in sources]       # j x (B, T, H, 1)
+        a = softmax_over(e)                                                                # j x (B, T, H, 1)
         mix = a[0] * sources[0].unsqueeze(2)
         for i in range(1, len(sources)):
             mix = torch.addcmul(mix, a[i], sources[i].unsqueeze(2))                         # (B, T, H, d)
@@ -97,7 +107,7 @@ class LayerAttention(nn.Module):
         v = torch.einsum("bthd,hkd->bthk", mix, self.wv.weight.view(H, dk, C)).reshape(B, T, H * dk)
         if self.wv.bias is not None:
             v = v + self.wv.bias
-        return self.wo(v), alpha                                                          # (B, T, d), alpha
+        return self.wo(v), torch.cat(a, dim=-1)                                           # (B, T, d), alpha
 
 
 class LayerLinear(nn.Module):

@@ -15,6 +15,7 @@ An output mix with its own w and g over all sources feeds the final RMSNorm and 
 2d(2L + 1). docs/attnres.md has the block split, how the mix shares work, the readings of the papers (the recency
 bias, step 0 from a pretrained model, the logit lens) and the parameter counts.
 """
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -86,6 +87,16 @@ def inv_rms(v, eps):
     return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def softmax_over(logits):
+    """softmax_i over a list of same-shaped tensors, element by element: exp(logits[i] - m) / sum_j exp(logits[j] - m),
+    m their maximum, the same as torch.stack(logits, -1).softmax(-1) unstacked. Compiled, these few operations per
+    token run inside the pass that mixes the sources, where a stacked softmax is passes of its own."""
+    m = functools.reduce(torch.maximum, logits)
+    e = [torch.exp(x - m) for x in logits]
+    total = functools.reduce(torch.add, e)
+    return [x / total for x in e]
+
+
 class AttnRes(nn.Module):
     """One depth mix h = sum_i a_i v_i, a = softmax_i(w . RMSNorm(v_i)) per token, with its own w and norm weight g."""
 
@@ -105,16 +116,14 @@ class AttnRes(nn.Module):
         # w . RMSNorm(v) = w . (g * v / rms(v)) = ((g * w) . v) / rms(v): one dot product per source and a scale
         # per token, so no normalised copy of a source is made (each source is read once for its logit)
         gw = (self.key_weight * self.query).to(scales[0].dtype)
-        dots = torch.stack([torch.linalg.vecdot(v.to(gw.dtype), gw) for v in values], dim=-1)  # (B, T, S)
-        logits = dots * torch.cat(scales, dim=-1)  # (B, T, S), float32 at least
+        logits = [torch.linalg.vecdot(v.to(gw.dtype), gw).unsqueeze(-1) * s for v, s in zip(values, scales)]
         if self.recency_bias is not None:  # the sources come in order: the last is the most recent
-            logits = torch.cat((logits[..., :-1], logits[..., -1:] + self.recency_bias), dim=-1)
-        a = logits.softmax(dim=-1)  # (B, T, S): over sources, per token
-        weights = a.split(1, dim=-1)  # S views (B, T, 1), whose gradients come back as one tensor
+            logits[-1] = logits[-1] + self.recency_bias
+        weights = softmax_over(logits)  # S tensors (B, T, 1), float32 at least: a_i, over sources, per token
         h = weights[0] * values[0]
         for i in range(1, len(values)):
             h = torch.addcmul(h, weights[i], values[i])  # the weighted sum, one fused multiply-add per source
-        return h.type_as(values[0]), a
+        return h.type_as(values[0]), torch.cat(weights, dim=-1)  # the mix (B, T, d), its weights a (B, T, S)
 
 
 class DepthSources:
