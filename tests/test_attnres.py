@@ -274,3 +274,27 @@ def test_recency_bias(mode, learnable):
         assert all(m.recency_bias.grad.abs() > 0 for m in model.mixes()[1:])
         no_decay = [p for g in model.param_groups(0.1) if g["weight_decay"] == 0 for p in g["params"]]
         assert all(any(m.recency_bias is p for p in no_decay) for m in model.mixes())
+
+
+@pytest.mark.parametrize("module", ["model_attnres", "model_aila"])
+def test_softmax_over_is_the_softmax_of_the_stack(module):
+    """softmax_over (attnres's mixes and aila's layer attention) is torch's softmax over the stacked logits, unstacked:
+    for one to five sources, logits far apart (no overflow at 1e4, a weight of exactly 0 at -inf), in float32 at
+    least (bf16 logits, as aila's scores are under autocast, give float32 weights) and float64 kept."""
+    softmax_over = __import__(module).softmax_over
+    g = torch.Generator().manual_seed(0)
+    for S in range(1, 6):
+        for scale in (1.0, 100.0, 1e4):
+            logits = [torch.randn(2, 3, 1, generator=g) * scale for _ in range(S)]
+            want = torch.stack(logits, -1).softmax(-1).unbind(-1)
+            got = softmax_over(logits)
+            assert len(got) == S and all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(got, want))
+    logits = [torch.tensor([[0.5]]), torch.tensor([[float("-inf")]]), torch.tensor([[-0.5]])]
+    got = softmax_over(logits)
+    assert got[1].item() == 0.0 and abs(sum(w.item() for w in got) - 1) < 1e-6
+    low = [torch.randn(4, 2, generator=g).bfloat16() for _ in range(3)]
+    got = softmax_over(low)
+    want = torch.stack([x.float() for x in low], -1).softmax(-1).unbind(-1)
+    assert all(w.dtype == torch.float32 and torch.allclose(w, v, atol=1e-6) for w, v in zip(got, want))
+    double = [torch.randn(3, dtype=torch.float64, generator=g) for _ in range(2)]
+    assert all(w.dtype == torch.float64 for w in softmax_over(double))
