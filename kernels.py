@@ -16,14 +16,19 @@ GPU as torch.profiler records it (an operator may launch none, one or several), 
 bf16 autocast, as train.py runs it there. Compiled (--compiled), a kernel is one that inductor generates
 (torch._inductor.metrics.generated_kernel_count: a C++ loop nest on the CPU, a Triton kernel on CUDA) while it
 compiles the step with fullgraph=True (a graph break is an error) and its caches off; the matmuls and attention,
-library calls, are not among them. The training step is one forward with targets and its backward; the decode step
+library calls, are not among them. On the CPU the compiled table also counts the passes among them: the loop nests
+that cover at least one whole (B, T, d) activation of the step, where the others compute a few numbers per token or
+per parameter row. The training step is one forward with targets and its backward; the decode step
 is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
 as sample.py --compile runs it). Eager counts depend on the shapes only through which operators run, not on their
 sizes; compiled counts can change with the shape (inductor splits a large reduction), so a table names its shape.
 """
 import collections
+import contextlib
 import importlib.util
+import itertools
 import json
+import math
 import os
 import shlex
 import sys
@@ -110,20 +115,51 @@ def count(fn, device=torch.device("cpu")):
     return counter.ops
 
 
-def generated(fn):
-    """{"generated": n}: the kernels inductor generates while fn() compiles (and runs) a step, with every cache off
-    (a cached graph generates nothing) and dynamo's state reset first (nothing compiled before is reused)."""
+@contextlib.contextmanager
+def loop_sizes(sizes):
+    """Append to sizes, for every loop nest that inductor's C++ backend generates, how many elements its loops cover
+    (the largest iteration space of the operations fused into it), or None where one cannot be read; nothing where
+    this torch's inductor has no such hook (and nothing for Triton: a CUDA count has no passes)."""
+    import torch._inductor.codegen.cpp as cpp
+    proxy = getattr(cpp, "CppKernelProxy", None)
+    original = getattr(proxy, "codegen_nodes", None)
+    if original is None:
+        yield
+        return
+
+    def codegen_nodes(self, nodes):
+        try:  # node.group: (device, (pointwise sizes, reduction sizes)), static at these shapes
+            sizes.append(max(math.prod(int(n) for n in itertools.chain(*node.group[1])) for node in nodes))
+        except (AttributeError, TypeError, ValueError):
+            sizes.append(None)
+        return original(self, nodes)
+    proxy.codegen_nodes = codegen_nodes
+    try:
+        yield
+    finally:
+        proxy.codegen_nodes = original
+
+
+def generated(fn, activation):
+    """{"generated": n, "passes": p}: the kernels inductor generates while fn() compiles (and runs) a step, with
+    every cache off (a cached graph generates nothing) and dynamo's state reset first (nothing compiled before is
+    reused); on the CPU also the passes among them, the loop nests that cover at least activation elements (one
+    (B, T, d) tensor of the step) where the others compute a few numbers per token or per parameter row."""
     import torch._inductor.config
     import torch._inductor.metrics as metrics
     torch._dynamo.reset()
     off = ({"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else
            {"fx_graph_cache": False})  # an older torch: its one cache that skips code generation
-    with torch._inductor.config.patch(**off):
+    sizes = []
+    with torch._inductor.config.patch(**off), loop_sizes(sizes):
         metrics.reset()
         fn()
         n = metrics.generated_kernel_count
     torch._dynamo.reset()
-    return collections.Counter({"generated": n})
+    counts = collections.Counter({"generated": n})
+    if sizes and None not in sizes:
+        counts["passes"] = sum(size >= activation for size in sizes)
+    return counts
 
 
 def training_step(model, batch_size, block_size, vocab_size, device=torch.device("cpu"), compiled=False):
@@ -137,7 +173,7 @@ def training_step(model, batch_size, block_size, vocab_size, device=torch.device
         loss.backward()
         model.zero_grad(set_to_none=True)
     if compiled:
-        return generated(step)
+        return generated(step, batch_size * block_size * model.config.n_embd)
     step()  # once before counting: lazily made state (rotary tables on first use, grads' buffers)
     return count(step, device)
 
@@ -151,7 +187,7 @@ def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size
         forward(prompt, cache=cache, input_pos=torch.arange(block_size // 2, device=device))
     token, pos = prompt[:, -1:], torch.tensor([block_size // 2], device=device)
     if compiled:  # the step sample.py --compile runs: one graph, a CUDA graph on CUDA
-        return generated(lambda: compile_decode_step(model, device)(token, pos, cache))
+        return generated(lambda: compile_decode_step(model, device)(token, pos, cache), batch_size * model.config.n_embd)
     decode_step(model, token, pos, cache)  # once before counting
     return count(lambda: decode_step(model, token, pos + 1, cache), device)
 
@@ -234,7 +270,9 @@ def main(argv=None):
                             "the shape options: choose a shape every model file takes, such as the default").to(device)
         train = training_step(model, args.batch_size, args.block_size, args.vocab_size, device, args.compiled)
         step = decode(model, args.block_size, args.vocab_size, device, compiled=args.compiled)
-        rows[label] = {"train": sum(train.values()), "decode": sum(step.values()),
+        passes = {f"{part}_passes": counts.pop("passes") for part, counts in (("train", train), ("decode", step))
+                  if "passes" in counts}
+        rows[label] = {"train": sum(train.values()), "decode": sum(step.values()), **passes,
                        "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
         if args.compiled:
             print(f"{label}: {rows[label]['train']} generated kernels per training step, {rows[label]['decode']} per "
@@ -268,6 +306,13 @@ def publish(saved, args):
                  "| model | fwd+bwd | x vanilla | decode step | x vanilla |", "|---|--:|--:|--:|--:|"]
         lines += [f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | "
                   f"{r['decode'] / base_decode:.2f} |" for label, r in rows.items()]
+        if all("train_passes" in r for r in rows.values()):  # counted on the CPU by this kernels.py
+            lines[2:4] = [lines[2] + " passes, fwd+bwd | x vanilla | passes, decode | x vanilla |",
+                          lines[3] + "--:|--:|--:|--:|"]
+            v = rows["vanilla"]
+            for i, r in enumerate(rows.values()):
+                lines[4 + i] += (f" {r['train_passes']} | {r['train_passes'] / v['train_passes']:.2f} | "
+                                 f"{r['decode_passes']} | {r['decode_passes'] / v['decode_passes']:.2f} |")
     else:
         lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {size}:", "",
                  "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
