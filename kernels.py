@@ -143,15 +143,16 @@ def loop_sizes(sizes):
 def generated(fn, activation):
     """{"generated": n, "passes": p}: the kernels inductor generates while fn() compiles (and runs) a step, with
     every cache off (a cached graph generates nothing) and dynamo's state reset first (nothing compiled before is
-    reused); on the CPU also the passes among them, the loop nests that cover at least activation elements (one
-    (B, T, d) tensor of the step) where the others compute a few numbers per token or per parameter row."""
+    reused); on the CPU (activation given) also the passes among them, the loop nests that cover at least activation
+    elements (one (B, T, d) tensor of the step) where the others compute a few numbers per token or per parameter
+    row."""
     import torch._inductor.config
     import torch._inductor.metrics as metrics
     torch._dynamo.reset()
     off = ({"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else
            {"fx_graph_cache": False})  # an older torch: its one cache that skips code generation
     sizes = []
-    with torch._inductor.config.patch(**off), loop_sizes(sizes):
+    with torch._inductor.config.patch(**off), loop_sizes(sizes) if activation else contextlib.nullcontext():
         metrics.reset()
         fn()
         n = metrics.generated_kernel_count
@@ -173,7 +174,7 @@ def training_step(model, batch_size, block_size, vocab_size, device=torch.device
         loss.backward()
         model.zero_grad(set_to_none=True)
     if compiled:
-        return generated(step, batch_size * block_size * model.config.n_embd)
+        return generated(step, batch_size * block_size * model.config.n_embd if device.type == "cpu" else None)
     step()  # once before counting: lazily made state (rotary tables on first use, grads' buffers)
     return count(step, device)
 
@@ -187,7 +188,8 @@ def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size
         forward(prompt, cache=cache, input_pos=torch.arange(block_size // 2, device=device))
     token, pos = prompt[:, -1:], torch.tensor([block_size // 2], device=device)
     if compiled:  # the step sample.py --compile runs: one graph, a CUDA graph on CUDA
-        return generated(lambda: compile_decode_step(model, device)(token, pos, cache), batch_size * model.config.n_embd)
+        return generated(lambda: compile_decode_step(model, device)(token, pos, cache),
+                         batch_size * model.config.n_embd if device.type == "cpu" else None)
     decode_step(model, token, pos, cache)  # once before counting
     return count(lambda: decode_step(model, token, pos + 1, cache), device)
 
