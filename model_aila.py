@@ -72,8 +72,8 @@ class GPTConfig:
 def softmax_over(logits):
     """softmax_i over a list of same-shaped tensors, element by element: exp(logits[i] - m) / sum_j exp(logits[j] - m),
     m their maximum, the same as torch.stack(logits, -1).softmax(-1) unstacked, and like it in float32 at least (also
-    under autocast). Compiled, these few operations per token run inside the pass that mixes the sources, where a
-    stacked softmax is passes of its own."""
+    under autocast). Compiled, these few operations per token make one small loop before the pass that mixes the
+    sources, where a stacked softmax is a stack and two reductions of its own."""
     logits = [x.to(torch.promote_types(x.dtype, torch.float32)) for x in logits]
     m = functools.reduce(torch.maximum, logits)
     e = [torch.exp(x - m) for x in logits]
