@@ -266,6 +266,7 @@ def main(argv=None):
         return
     rows = {}
     for label, name, overrides in args.labels:
+        torch.manual_seed(0)  # each row's random model and tokens, whichever rows are counted before it
         module = load_model_module(name)
         model = build_model(module, {**{k: getattr(args, k) for k in MODEL_SHAPE}, "block_size": args.block_size,
                                      **overrides},
