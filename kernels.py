@@ -297,7 +297,7 @@ def publish(saved, args):
     that file's markers."""
     shape, rows = saved["shape"], saved["models"]
     command = shape.get("command", "")  # older files hold none
-    base, base_decode = rows["vanilla"]["train"], rows["vanilla"]["decode"]
+    base = rows["vanilla"]["train"]
     cpu = shape["device"].startswith("CPU")  # hardware_name()'s words for a CPU
     dtype = shape.get("dtype", "float32" if cpu else "bf16 autocast")  # files written before the field was
     kind = "kernels inductor generates" if shape.get("compiled") else "ATen operators" if cpu else "kernel launches"
@@ -305,17 +305,15 @@ def publish(saved, args):
     size = (f"{shape['n_layer']} x {shape['n_embd']}, vocab {shape['vocab_size']}, batch {shape['batch_size']} x "
             f"{shape['block_size']}, torch {shape['torch']}" + (f"; `{command}`" if command else ""))
     if shape.get("compiled"):
+        # columns of (count, x vanilla's): the kernels, and where counted (the CPU) the passes among them
+        parts = ["train", "decode"] + (["train_passes", "decode_passes"]
+                                       if all("train_passes" in r for r in rows.values()) else [])
+        names = {"train": "fwd+bwd", "decode": "decode step", "train_passes": "passes, fwd+bwd",
+                 "decode_passes": "passes, decode"}
         lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {size}:", "",
-                 "| model | fwd+bwd | x vanilla | decode step | x vanilla |", "|---|--:|--:|--:|--:|"]
-        lines += [f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | "
-                  f"{r['decode'] / base_decode:.2f} |" for label, r in rows.items()]
-        if all("train_passes" in r for r in rows.values()):  # counted on the CPU by this kernels.py
-            lines[2:4] = [lines[2] + " passes, fwd+bwd | x vanilla | passes, decode | x vanilla |",
-                          lines[3] + "--:|--:|--:|--:|"]
-            v = rows["vanilla"]
-            for i, r in enumerate(rows.values()):
-                lines[4 + i] += (f" {r['train_passes']} | {r['train_passes'] / v['train_passes']:.2f} | "
-                                 f"{r['decode_passes']} | {r['decode_passes'] / v['decode_passes']:.2f} |")
+                 "| model |" + "".join(f" {names[p]} | x vanilla |" for p in parts), "|---|" + "--:|--:|" * len(parts)]
+        lines += [f"| {label} |" + "".join(f" {r[p]} | {r[p] / rows['vanilla'][p]:.2f} |" for p in parts)
+                  for label, r in rows.items()]
     else:
         lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {size}:", "",
                  "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
