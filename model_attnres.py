@@ -88,10 +88,18 @@ def inv_rms(v, eps):
 
 
 def softmax_over(logits):
-    """softmax_i over a list of same-shaped tensors, element by element: exp(logits[i] - m) / sum_j exp(logits[j] - m),
-    m their maximum, the same as torch.stack(logits, -1).softmax(-1) unstacked, and like it in float32 at least (also
-    under autocast). Compiled, these few operations per token make one small loop before the pass that mixes the
-    sources, where a stacked softmax is a stack and two reductions of its own."""
+    """softmax_i over a list of same-shaped tensors, element by element: the softmax of their stack along a new last
+    axis, unstacked, in float32 at least (also under autocast). Eager that is two kernel launches. Compiled, it is
+    the same arithmetic written across the list (softmax_across), which inductor fuses into one small loop before
+    the pass that mixes the sources, where of the stacked softmax it makes a stack and two reductions of their own."""
+    if torch.compiler.is_compiling():
+        return softmax_across(logits)
+    dtype = torch.promote_types(logits[0].dtype, torch.float32)
+    return torch.stack(logits, -1).softmax(-1, dtype=dtype).unbind(-1)
+
+
+def softmax_across(logits):
+    """softmax_over's arithmetic across the list: exp(logits[i] - m) / sum_j exp(logits[j] - m), m their maximum."""
     logits = [x.to(torch.promote_types(x.dtype, torch.float32)) for x in logits]
     m = functools.reduce(torch.maximum, logits)
     e = [torch.exp(x - m) for x in logits]

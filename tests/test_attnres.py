@@ -276,12 +276,14 @@ def test_recency_bias(mode, learnable):
         assert all(any(m.recency_bias is p for p in no_decay) for m in model.mixes())
 
 
+@pytest.mark.parametrize("form", ["softmax_over", "softmax_across"])
 @pytest.mark.parametrize("module", ["model_attnres", "model_aila"])
-def test_softmax_over_is_the_softmax_of_the_stack(module):
-    """softmax_over (attnres's mixes and aila's layer attention) is torch's softmax over the stacked logits, unstacked:
+def test_softmax_over_is_the_softmax_of_the_stack(module, form):
+    """softmax_over (attnres's mixes and aila's layer attention; eager, a softmax of the stack) and softmax_across
+    (its form written across the list, which runs compiled) are torch's softmax over the stacked logits, unstacked:
     for one to five sources, logits far apart (no overflow at 1e4, a weight of exactly 0 at -inf), in float32 at
     least (bf16 logits, as aila's scores are under autocast, give float32 weights) and float64 kept."""
-    softmax_over = __import__(module).softmax_over
+    softmax_over = getattr(__import__(module), form)
     g = torch.Generator().manual_seed(0)
     for S in range(1, 6):
         for scale in (1.0, 100.0, 1e4):
