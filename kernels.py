@@ -16,9 +16,11 @@ GPU as torch.profiler records it (an operator may launch none, one or several), 
 bf16 autocast, as train.py runs it there. Compiled (--compiled), a kernel is one that inductor generates
 (torch._inductor.metrics.generated_kernel_count: a C++ loop nest on the CPU, a Triton kernel on CUDA) while it
 compiles the step with fullgraph=True (a graph break is an error) and its caches off; the matmuls and attention,
-library calls, are not among them. On the CPU the compiled table also counts the passes among them: the loop nests
-that cover at least one whole (B, T, d) activation of the step, where the others compute a few numbers per token or
-per parameter row. The training step is one forward with targets and its backward; the decode step
+library calls, are not among them. On the CPU generated_kernel_count also counts the kernels of outer-loop fusions
+that inductor tries and drops (it then generates them again one by one); the JSON keeps the kernels that land in
+the code too (train_in_code, decode_in_code), and the compiled table counts the passes among those: the kernels
+whose loops cover at least one whole (B, T, d) activation of the step, where the others compute a few numbers per
+token or per parameter row. The training step is one forward with targets and its backward; the decode step
 is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
 as sample.py --compile runs it). Eager counts depend on the shapes only through which operators run, not on their
 sizes; compiled counts can change with the shape (inductor splits a large reduction), so a table names its shape.
@@ -117,35 +119,39 @@ def count(fn, device=torch.device("cpu")):
 
 @contextlib.contextmanager
 def loop_sizes(sizes):
-    """Append to sizes, for every loop nest that inductor's C++ backend generates, how many elements its loops cover
-    (the largest iteration space of the operations fused into it), or None where one cannot be read; nothing where
-    this torch's inductor has no such hook (and nothing for Triton: a CUDA count has no passes)."""
+    """Append to sizes, for every kernel that inductor's C++ backend puts in the generated code, how many elements
+    its loops cover (the largest iteration space of the operations fused into it), or None where one cannot be
+    read; nothing where this torch's inductor has no such hook (and nothing for Triton: a CUDA count has no passes).
+    Read where a kernel is added to the code (KernelGroup.finalize_kernel): an outer-loop fusion that inductor tries
+    and drops generates its kernels again one by one, and only these land; one that holds is one kernel, whose inner
+    loops read a row that its outer loop has just brought into cache."""
     import torch._inductor.codegen.cpp as cpp
-    proxy = getattr(cpp, "CppKernelProxy", None)
-    original = getattr(proxy, "codegen_nodes", None)
+    group = getattr(cpp, "KernelGroup", None)
+    original = getattr(group, "finalize_kernel", None)
     if original is None:
         yield
         return
 
-    def codegen_nodes(self, nodes):
+    def finalize_kernel(self, kernel, nodes):
         try:  # node.group: (device, (pointwise sizes, reduction sizes)), static at these shapes
             sizes.append(max(math.prod(int(n) for n in itertools.chain(*node.group[1])) for node in nodes))
         except (AttributeError, TypeError, ValueError):
             sizes.append(None)
-        return original(self, nodes)
-    proxy.codegen_nodes = codegen_nodes
+        return original(self, kernel, nodes)
+    group.finalize_kernel = finalize_kernel
     try:
         yield
     finally:
-        proxy.codegen_nodes = original
+        group.finalize_kernel = original
 
 
 def generated(fn, activation):
-    """{"generated": n, "passes": p}: the kernels inductor generates while fn() compiles (and runs) a step, with
-    every cache off (a cached graph generates nothing) and dynamo's state reset first (nothing compiled before is
-    reused); on the CPU (activation given) also the passes among them, the loop nests that cover at least activation
-    elements (one (B, T, d) tensor of the step) where the others compute a few numbers per token or per parameter
-    row."""
+    """{"generated": n, "passes": p, "in_code": k}: the kernels inductor generates while fn() compiles (and runs) a
+    step, with every cache off (a cached graph generates nothing) and dynamo's state reset first (nothing compiled
+    before is reused); on the CPU (activation given) also the kernels that land in the generated code (n counts
+    those of dropped outer-loop fusions too) and the passes among them, the kernels whose loops cover at least
+    activation elements (one (B, T, d) tensor of the step) where the others compute a few numbers per token or per
+    parameter row."""
     import torch._inductor.config
     import torch._inductor.metrics as metrics
     torch._dynamo.reset()
@@ -160,6 +166,7 @@ def generated(fn, activation):
     counts = collections.Counter({"generated": n})
     if sizes and None not in sizes:
         counts["passes"] = sum(size >= activation for size in sizes)
+        counts["in_code"] = len(sizes)
     return counts
 
 
@@ -273,8 +280,8 @@ def main(argv=None):
                             "the shape options: choose a shape every model file takes, such as the default").to(device)
         train = training_step(model, args.batch_size, args.block_size, args.vocab_size, device, args.compiled)
         step = decode(model, args.block_size, args.vocab_size, device, compiled=args.compiled)
-        passes = {f"{part}_passes": counts.pop("passes") for part, counts in (("train", train), ("decode", step))
-                  if "passes" in counts}
+        passes = {f"{part}_{key}": counts.pop(key) for part, counts in (("train", train), ("decode", step))
+                  for key in ("passes", "in_code") if key in counts}
         rows[label] = {"train": sum(train.values()), "decode": sum(step.values()), **passes,
                        "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
         if args.compiled:
