@@ -16,9 +16,10 @@ GPU as torch.profiler records it (an operator may launch none, one or several), 
 bf16 autocast, as train.py runs it there. Compiled (--compiled), a kernel is one that inductor generates
 (torch._inductor.metrics.generated_kernel_count: a C++ loop nest on the CPU, a Triton kernel on CUDA) while it
 compiles the step with fullgraph=True (a graph break is an error) and its caches off; the matmuls and attention,
-library calls, are not among them. On the CPU generated_kernel_count also counts the kernels of outer-loop fusions
-that inductor tries and drops (it then generates them again one by one); the JSON keeps the kernels that land in
-the code too (train_in_code, decode_in_code), and the compiled table counts the passes among those: the kernels
+library calls, are not among them. On the CPU generated_kernel_count holds more than the kernels in the code: an
+outer-loop fusion counts its wrapper and its inner kernels and lands as one kernel, and one that inductor tries and
+drops counts kernels that it then generates again one by one; the JSON keeps the kernels that land in the code too
+(train_in_code, decode_in_code), and the compiled table counts the passes among those: the kernels
 whose loops cover at least one whole (B, T, d) activation of the step, where the others compute a few numbers per
 token or per parameter row. The training step is one forward with targets and its backward; the decode step
 is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
@@ -124,7 +125,8 @@ def loop_sizes(sizes):
     read; nothing where this torch's inductor has no such hook (and nothing for Triton: a CUDA count has no passes).
     Read where a kernel is added to the code (KernelGroup.finalize_kernel): an outer-loop fusion that inductor tries
     and drops generates its kernels again one by one, and only these land; one that holds is one kernel, whose inner
-    loops read a row that its outer loop has just brought into cache."""
+    loops read a row that its outer loop has just brought into cache. A C++ template's kernel (no scheduler nodes;
+    none at the default settings) is left out."""
     import torch._inductor.codegen.cpp as cpp
     group = getattr(cpp, "KernelGroup", None)
     original = getattr(group, "finalize_kernel", None)
@@ -133,6 +135,8 @@ def loop_sizes(sizes):
         return
 
     def finalize_kernel(self, kernel, nodes):
+        if not nodes:  # a template's kernel: nothing to read its loops from
+            return original(self, kernel, nodes)
         try:  # node.group: (device, (pointwise sizes, reduction sizes)), static at these shapes
             sizes.append(max(math.prod(int(n) for n in itertools.chain(*node.group[1])) for node in nodes))
         except (AttributeError, TypeError, ValueError):
@@ -149,7 +153,7 @@ def generated(fn, activation):
     """{"generated": n, "passes": p, "in_code": k}: the kernels inductor generates while fn() compiles (and runs) a
     step, with every cache off (a cached graph generates nothing) and dynamo's state reset first (nothing compiled
     before is reused); on the CPU (activation given) also the kernels that land in the generated code (n counts
-    those of dropped outer-loop fusions too) and the passes among them, the kernels whose loops cover at least
+    outer-loop fusions' wrappers and inner kernels, and their dropped tries, too) and the passes among them, the kernels whose loops cover at least
     activation elements (one (B, T, d) tensor of the step) where the others compute a few numbers per token or per
     parameter row."""
     import torch._inductor.config
