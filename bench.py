@@ -79,9 +79,10 @@ class BenchConfig:
                              "out_dir), prompted with the start of its data set's val split from --data_dir", path=True)
     data_dir: str = option("data", "--checkpoint: the folder of prepared data sets", path=True)
     decode: bool = option(False, "measure generation only: prefill tokens/s, time to first token and decode "
-                          "tokens/s at each --decode_batches size, eager and with the decode step compiled (as "
-                          "sample.py --compile)")
+                          "tokens/s at each --decode_batches size, with each of --decode_modes' decode steps")
     decode_batches: str = option("1,8", "--decode: comma-separated batch sizes (rows generated together)")
+    decode_modes: str = option("eager,compiled", "--decode: comma-separated decode steps to time: eager, compiled "
+                               "(the step compiled as sample.py --compile runs it), or both")
     prompt_tokens: int = option(64, "--decode: prompt length (random tokens)", min=1)
     decode_tokens: int = option(128, "--decode: timed decode steps after the first token", min=1)
     baseline: str = option("", "--decode: also time the eager generate() of the model_*.py files in this folder "
@@ -350,22 +351,23 @@ def measure_decoding(wanted, shape, batches, args, device, ctx):
 
 
 def decoding_table(rows, args):
-    """The rows as a Markdown table: per model and batch size, eager and compiled side by side."""
+    """The rows as a Markdown table: per model and batch size, eager and compiled side by side; a mode not timed
+    (--decode_modes) shows '-'. Prefill and first token are the eager case's where it was timed."""
     lines = ["| model | batch | prefill tok/s | first token ms | decode tok/s eager | compiled | compiled x vanilla "
              "(min-max) | compile s |" + (" eager x baseline | compiled x baseline |" if args.baseline else ""),
              "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if args.baseline else "")]
     by = {(r["label"], r["mode"], r["batch"]): r for r in rows}
-    for (label, mode, batch), r in by.items():
-        if mode != "eager":
-            continue
-        c = by[label, "compiled", batch]
-        cells = [label, batch, f"{r['prefill_tok_s']:,.0f}", f"{1000 * r['time_to_first_token_s']:.1f}",
-                 f"{r['decode_tok_s']:,.0f}", f"{c['decode_tok_s']:,.0f}",
-                 f"{c['decode_ratio']:.2f} ({c['decode_ratio_min']:.2f}-{c['decode_ratio_max']:.2f})",
-                 f"{c['compile_s']:.1f}"]
+
+    def spread(r, name):
+        return f"{r[name]:.2f} ({r[f'{name}_min']:.2f}-{r[f'{name}_max']:.2f})" if r and name in r else "-"
+    for label, batch in dict.fromkeys((r["label"], r["batch"]) for r in rows if r["mode"] != "baseline"):
+        e, c = by.get((label, "eager", batch)), by.get((label, "compiled", batch))
+        first = e or c
+        cells = [label, batch, f"{first['prefill_tok_s']:,.0f}", f"{1000 * first['time_to_first_token_s']:.1f}",
+                 f"{e['decode_tok_s']:,.0f}" if e else "-", f"{c['decode_tok_s']:,.0f}" if c else "-",
+                 spread(c, "decode_ratio"), f"{c['compile_s']:.1f}" if c else "-"]
         if args.baseline:
-            cells += [f"{r['baseline_ratio']:.2f} ({r['baseline_ratio_min']:.2f}-{r['baseline_ratio_max']:.2f})",
-                      f"{c['baseline_ratio']:.2f} ({c['baseline_ratio_min']:.2f}-{c['baseline_ratio_max']:.2f})"]
+            cells += [spread(e, "baseline_ratio"), spread(c, "baseline_ratio")]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     notes = [f"{r['label']}, batch {r['batch']}, {r['mode']}: decode with skipping {r['skip_ratio']:.2f}x "
              f"({r['skip_ratio_min']:.2f}-{r['skip_ratio_max']:.2f}) as fast as without" for r in rows if "skip_ratio" in r]
@@ -433,10 +435,10 @@ def load_baseline(folder, name, model, config_args):
 
 
 def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
-    """{(label, mode, batch): Decoding} for vanilla (unless vanilla=False) and every wanted run, eager and compiled
-    (mode 'eager', 'compiled', and 'baseline' with --baseline); skipmiddle's generation with skipping is labelled as
-    the run and without as '<label> (skip=False)'. Also returns the compile seconds of each compiled case: its
-    first generate(), which traces and compiles the step (a new batch size may compile again)."""
+    """{(label, mode, batch): Decoding} for vanilla (unless vanilla=False) and every wanted run, in each of
+    --decode_modes (mode 'eager', 'compiled'; and 'baseline' with --baseline); skipmiddle's generation with skipping
+    is labelled as the run and without as '<label> (skip=False)'. Also returns the compile seconds of each compiled
+    case: its first generate(), which traces and compiles the step (a new batch size may compile again)."""
     cases, compile_s = {}, {}
     for label, name, overrides in RUNS:
         if label not in wanted and not (vanilla and label == "vanilla"):
@@ -449,14 +451,18 @@ def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
             variants = {label: dict(skip=True), f"{label} (skip=False)": dict(skip=False)}
             if args.close_gates >= 0:
                 close_gates(model, args.close_gates)
+        modes = args.decode_modes.split(",")
         eager = functools.partial(decode_step, model)
-        compiled = compile_decode_step(model, device)
+        compiled = compile_decode_step(model, device) if "compiled" in modes else None
         base = load_baseline(args.baseline, name, model, {**shape, **overrides}) if args.baseline else None
         for variant, kwargs in variants.items():
             for batch in batches:
-                cases[variant, "eager", batch] = Decoding(model, eager, batch, args, device, ctx, **kwargs)
-                cases[variant, "compiled", batch] = case = Decoding(model, compiled, batch, args, device, ctx, **kwargs)
-                compile_s[variant, batch] = case.generate(2)[0]
+                if "eager" in modes:
+                    cases[variant, "eager", batch] = Decoding(model, eager, batch, args, device, ctx, **kwargs)
+                if compiled is not None:
+                    cases[variant, "compiled", batch] = case = Decoding(model, compiled, batch, args, device, ctx,
+                                                                        **kwargs)
+                    compile_s[variant, batch] = case.generate(2)[0]
                 if base is not None:
                     cases[variant, "baseline", batch] = Decoding(base, None, batch, args, device, ctx, **kwargs)
         print(f"  built and compiled {label}", file=sys.stderr)
@@ -492,15 +498,16 @@ def main(argv):
     unknown = wanted - {r[0] for r in RUNS}
     if unknown:
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
-    if args.warm_only and (not (args.compile or args.decode) or args.json or args.update_readme or args.checkpoint):
-        raise ConfigError("--warm_only compiles and measures nothing: give it --compile (training) or --decode, "
-                          "without --json, --update_readme or --checkpoint")
+    batches = check_decode_options(args) if args.decode else None
+    decode_compiled = args.decode and "compiled" in args.decode_modes.split(",")
+    if args.warm_only and (not (args.compile or decode_compiled) or args.json or args.update_readme or args.checkpoint):
+        raise ConfigError("--warm_only compiles and measures nothing: give it --compile (training) or --decode (with "
+                          "compiled among --decode_modes), without --json, --update_readme or --checkpoint")
     if args.checkpoint:
         return checkpoint_generation(args, device, ctx)
     if args.update_readme and not (args.decode and args.json):
         raise ConfigError("--update_readme writes the --decode table into the page that holds its markers: give "
                           "--decode, and --json (its path names the markers)")
-    batches = check_decode_options(args) if args.decode else None
     shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
     if args.size == "small":  # the model files' own defaults: write them out, for the record
         defaults = load_model_module("vanilla").GPTConfig()
@@ -542,14 +549,17 @@ def main(argv):
 
 
 def check_decode_options(args):
-    """--decode's options together: batch sizes, a window that no step restarts, the baseline's folder. Returns
-    the batch sizes."""
+    """--decode's options together: batch sizes, the modes, a window that no step restarts, the baseline's folder.
+    Returns the batch sizes."""
     try:
         batches = [int(b) for b in args.decode_batches.split(",")]
     except ValueError:
         batches = []
     if not batches or min(batches) < 1:
         raise ConfigError(f"--decode_batches {args.decode_batches!r}: give batch sizes of 1 or more, e.g. 1,8")
+    modes = args.decode_modes.split(",")
+    if not set(modes) <= {"eager", "compiled"} or len(set(modes)) != len(modes):
+        raise ConfigError(f"--decode_modes {args.decode_modes!r}: give eager, compiled or eager,compiled")
     if args.prompt_tokens + args.decode_tokens + 1 > args.block_size:
         raise ConfigError(f"--prompt_tokens + --decode_tokens + 1 = {args.prompt_tokens + args.decode_tokens + 1} "
                           f"exceeds --block_size {args.block_size}: the timed steps would restart the window")

@@ -8,20 +8,26 @@ Every GPU table of docs/benchmarks.md in one command, each a JSON under results/
 The parts, each one run of bench.py or kernels.py at the Vertical Attention paper's 300m shape, bf16 autocast,
 every model file with its default settings (--runs):
     compiled     training, torch.compile, 1024 tokens: tokens/s, MFU and peak memory, as ratios to vanilla
-    decode       greedy generation, eager and with the compiled decode step (sample.py --compile), batch 1
+    decode       greedy generation with the compiled decode step (sample.py --compile), batch 1; eager too with
+                 --decode_eager true
     kernels      the GPU's kernel launches per eager training step and per decode step (kernels.py --device cuda)
     eager        training without torch.compile, 1024 tokens
     compiled4096 training, torch.compile, 4096 tokens
     kernels_compiled  the Triton kernels inductor generates per training step and per decode step
-Each part runs in its own process, so that one that fails leaves the others' tables; the time of each is printed,
+Each part runs in its own processes, so that one that fails leaves the others' tables; the time of each is printed,
 and the command exits non-zero if any failed.
 
 Most of the time is compiling: on one H100 each model's training step compiles for 30 to 80 s, so the six models'
 steps at two lengths and their decode steps would take over 10 minutes in a row. So the command runs in two
-phases. First, --jobs processes at once compile every step that a timed part will compile (bench.py --warm_only:
-measuring nothing), and run the parts that only count (kernels, kernels_compiled); inductor keeps each compiled
-step in its cache on disk. Then the timed parts run one after another, alone on the machine, and their models
-compile from that cache in seconds.
+phases. First, it compiles every step that a timed part will compile (bench.py --warm_only: measuring nothing;
+inductor keeps each compiled step in its cache on disk) and runs the parts that only count, in two pools of
+processes side by side, sized by GPU memory: a training step of the 300m shape holds about 16 GB while it
+compiles, so --jobs of those at a time; the decode steps (batch 1) and the counts (kernels.py, one process per
+model, each counting its label alone) hold little, so --light_jobs of those at a time beside them. Once both pools
+are done, kernels.py --merge joins each count's files into the JSON file that one run of it would have written, and
+writes its table into docs/ (one merge at a time: two processes rewriting one page at once could lose a table).
+Then the timed parts run one after another, alone on the machine, and their models compile from that cache in
+seconds.
 """
 import json
 import os
@@ -38,8 +44,13 @@ import torch
 from common import ConfigError, RunError, hardware_name, main_boundary, option, parse_simple, update_readme
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
-COUNTING = ("kernels_compiled", "kernels")  # the parts that time nothing: they run beside the compiling, slowest first
+COUNTING = ("kernels_compiled", "kernels")  # the parts that time nothing: the first phase counts them, a label a job
 COMPILING = ("compiled4096", "compiled", "decode")  # the timed parts that compile, slowest first
+# The first phase's two pools hold the parts' jobs by the GPU memory each takes, in each pool the slowest part first:
+# a training step of the 300m shape holds about 16 GB while it compiles (so --jobs of them on one GPU); a batch-1
+# decode step or a count at a small shape holds little (so --light_jobs more beside them)
+HEAVY = ("compiled4096", "compiled")
+LIGHT = ("kernels_compiled", "decode", "kernels")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -52,9 +63,14 @@ class TablesConfig:
                       path=True, out="folder")
     repeats: int = option(3, "timed repeats per model (bench.py --repeats)", min=1)
     iters: int = option(5, "training steps per timed repeat (bench.py --iters)", min=1)
-    jobs: int = option(4, "processes compiling at once before the timed parts (each holds a training step of the 300m "
-                       "shape on the GPU, about 16 GB); 1 = no such phase: each timed part compiles its models itself",
-                       min=1)
+    jobs: int = option(4, "processes compiling training steps at once before the timed parts (each holds a training "
+                       "step of the 300m shape on the GPU, about 16 GB); 1 = no such phase: each part runs in turn and "
+                       "compiles or counts its models itself", min=1)
+    light_jobs: int = option(4, "processes at once beside those, for the first phase's jobs that hold little GPU "
+                             "memory: the decode steps' compiles (batch 1) and the kernel counts, a label each (none "
+                             "with --jobs 1)", min=1)
+    decode_eager: bool = option(False, "the decode part also times eager decoding (bench.py --decode_modes "
+                                "eager,compiled); the summary reads only the compiled step")
     update_readme: bool = option(True, "also rewrite the tables' copies in docs/ (between each JSON's markers)")
     dry_run: bool = option(False, "print the commands and run nothing (also where there is no GPU)")
     summary: bool = option(False, "run nothing: only rewrite the summary table of the JSON files in --out (no GPU "
@@ -72,12 +88,13 @@ def commands(args, out):
     train = ["--size", "300m", "--device", "cuda", "--runs", args.runs, "--repeats", str(args.repeats),
              "--iters", str(args.iters), "--warmup", "2", "--sample_tokens", "8"]
     readme = ["--update_readme"] if args.update_readme else []
-    runs = "vanilla," + args.runs
+    runs = ",".join(labels(args))
     every = {
         "compiled": ["bench.py", *train, "--compile", "--block_size", "1024", "--batch_size", "16",
                      "--json", f"{out}/bench_300m_1024.json"],
         "decode": ["bench.py", "--size", "300m", "--device", "cuda", "--decode", "--runs", args.runs,
-                   "--decode_batches", "1", "--repeats", str(args.repeats), "--json", f"{out}/decode.json", *readme],
+                   "--decode_batches", "1", "--decode_modes", "eager,compiled" if args.decode_eager else "compiled",
+                   "--repeats", str(args.repeats), "--json", f"{out}/decode.json", *readme],
         "kernels": ["kernels.py", "--device", "cuda", "--runs", runs, "--json", f"{out}/kernels.json", *readme],
         "eager": ["bench.py", *train, "--block_size", "1024", "--batch_size", "16",
                   "--json", f"{out}/bench_300m_1024_eager.json"],
@@ -91,6 +108,11 @@ def commands(args, out):
     if unknown:
         raise ConfigError(f"unknown --parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     return {part: every[part] for part in PARTS if part in wanted}
+
+
+def labels(args):
+    """vanilla, the ratios' base, and the --runs labels, each once."""
+    return list(dict.fromkeys(["vanilla", *args.runs.split(",")]))
 
 
 def without(argv, *names):
@@ -111,46 +133,88 @@ def warm_commands(todo, args):
     otherwise (its shapes, dtype and steps), so that inductor's cache holds exactly what the part will compile."""
     return [(f"{part} {label}", [*without(todo[part], "--runs", "--json", "--update_readme"), "--runs", label,
                                  "--warm_only"])
-            for part in COMPILING if part in todo for label in ["vanilla", *args.runs.split(",")]]
+            for part in COMPILING if part in todo for label in labels(args)]
 
 
-def run_quietly(commands, logs):
-    """[(name, argv, exit code, seconds, log file)] of scripts run one after another, each in its own process, its
-    output written as it comes to logs/<name>.log (what a run stopped halfway leaves)."""
-    done = []
-    for name, argv in commands:
-        log, t0 = os.path.join(logs, name.replace(" ", "_") + ".log"), time.perf_counter()
-        with open(log, "w") as f:
-            code = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=f, stderr=subprocess.STDOUT).returncode
-        done.append((name, argv, code, time.perf_counter() - t0, log))
-    return done
+def parts_folder(argv):
+    """Where a counting part's labels are counted to, one file each: logs/<the part's JSON file less .json>/ beside
+    it (with the jobs' output, which is not kept with the tables)."""
+    path = argv[argv.index("--json") + 1]
+    return os.path.join(os.path.dirname(path), "logs", os.path.splitext(os.path.basename(path))[0])
+
+
+def count_commands(part, argv, args):
+    """[(name, argv)] of a counting part's command (kernels.py, argv) split by label: each counts its label alone
+    (--with_vanilla false) into parts_folder()/<label>.json, which merge_command() joins."""
+    folder = parts_folder(argv)
+    return [(f"{part} {label}", [*without(argv, "--runs", "--json", "--update_readme"), "--runs", label,
+                                 "--with_vanilla", "false", "--json", os.path.join(folder, f"{label}.json")])
+            for label in labels(args)]
+
+
+def merge_command(argv):
+    """The counting part's own command with --merge: it counts nothing, and writes the JSON file (and the table in
+    docs/) that the command would have, from the files of count_commands()."""
+    return [*argv, "--merge", parts_folder(argv)]
 
 
 def first_jobs(todo, args):
-    """The first phase's jobs, each a list of (name, argv) run one after another: the counting parts together,
-    then each warm command alone."""
-    counting = [(part, todo[part]) for part in COUNTING if part in todo]
-    return ([counting] if counting else []) + [[job] for job in warm_commands(todo, args)]
+    """The first phase: (heavy, light, merges), each a list of (name, argv). heavy: the compiles of training steps,
+    --jobs at a time; light: beside them, --light_jobs at a time, the decode steps' compiles and the counts, a label
+    each; merges: after both, one after another, each counting part's merge_command() (the first phase's only
+    writer of docs/: two processes rewriting one page at once could lose a table)."""
+    jobs = {part: [job for job in warm_commands(todo, args) if job[0].split()[0] == part] for part in COMPILING}
+    jobs.update({part: count_commands(part, todo[part], args) for part in COUNTING if part in todo})
+    return ([job for part in HEAVY for job in jobs.get(part, [])],
+            [job for part in LIGHT for job in jobs.get(part, [])],
+            [(part, merge_command(todo[part])) for part in COUNTING if part in todo])
+
+
+def run_logged(name, argv, logs):
+    """(name, argv, exit code, seconds, log file) of a script run in its own process, its output written as it
+    comes to logs/<name>.log (what a run stopped halfway leaves)."""
+    log, t0 = os.path.join(logs, name.replace(" ", "_") + ".log"), time.perf_counter()
+    with open(log, "w") as f:
+        code = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=f, stderr=subprocess.STDOUT).returncode
+    return name, argv, code, time.perf_counter() - t0, log
+
+
+def report(name, argv, code, seconds, log, output=False):
+    """How a job ended, and its output: all of it where output is True, its end where it failed."""
+    print(f"# {name}: {shlex.join(['python', *argv])}\n"
+          f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s; its output: {log}",
+          flush=True)
+    if output or code:
+        text = open(log).read()
+        print(text if output else text[-3000:], end="", flush=True)
 
 
 def first_phase(todo, args, out):
-    """Every compile of the timed parts, --jobs at a time, and beside them the parts that only count (one after
-    the other: each rewrites its table in docs/). Each job's output goes to out/logs/. Returns the counting parts
-    that failed; a failed compile is only reported, since its timed part will compile (and fail) on its own."""
+    """Every compile of the timed parts and every count, in two pools side by side (first_jobs()), then the counts'
+    merges. Each job's output goes to out/logs/. Returns the counting parts that failed (a count or the merge: a
+    part whose count failed is not merged); a failed compile is only reported, since its timed part will compile
+    (and fail) on its own."""
     logs = os.path.join(out, "logs")
     os.makedirs(logs, exist_ok=True)
+    heavy, light, merges = first_jobs(todo, args)
     failed = []
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for future in as_completed([pool.submit(run_quietly, job, logs) for job in first_jobs(todo, args)]):
-            for name, argv, code, seconds, log in future.result():
-                print(f"# {name}: {shlex.join(['python', *argv])}\n"
-                      f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s; its output: "
-                      f"{log}", flush=True)
-                if name in COUNTING or code:
-                    output = open(log).read()
-                    print(output if name in COUNTING else output[-3000:], end="", flush=True)
-                if code and name in COUNTING:
-                    failed.append(name)
+    with ThreadPoolExecutor(args.jobs) as heavy_pool, ThreadPoolExecutor(args.light_jobs) as light_pool:
+        futures = ([heavy_pool.submit(run_logged, name, argv, logs) for name, argv in heavy] +
+                   [light_pool.submit(run_logged, name, argv, logs) for name, argv in light])
+        for future in as_completed(futures):
+            name, argv, code, seconds, log = future.result()
+            report(name, argv, code, seconds, log)
+            part = name.split()[0]
+            if code and part in COUNTING and part not in failed:
+                failed.append(part)
+    for part, argv in merges:
+        if part in failed:
+            print(f"# {part}: not merged, since a count failed (above)", flush=True)
+            continue
+        done = run_logged(part, argv, logs)
+        report(*done, output=True)  # the table
+        if done[2]:
+            failed.append(part)
     return failed
 
 
@@ -217,9 +281,16 @@ def main(argv):
     timed = [part for part in todo if args.jobs == 1 or part not in COUNTING]
     if args.dry_run:
         if args.jobs > 1:
-            print(f"# first, {args.jobs} at a time:")
-            for _, argv_ in (job for jobs in first_jobs(todo, args) for job in jobs):
-                print(shlex.join(["python", *argv_]))
+            heavy, light, merges = first_jobs(todo, args)
+            for title, jobs in ((f"first, at most {args.jobs} at a time (training steps compiling, about 16 GB of GPU "
+                                 "memory each)", heavy),
+                                (f"beside them, at most {args.light_jobs} at a time (decode steps compiling, kernel "
+                                 "counts: little GPU memory)", light),
+                                ("then each count's merge (writing its table), one after another", merges)):
+                if jobs:
+                    print(f"# {title}:")
+                    for _, argv_ in jobs:
+                        print(shlex.join(["python", *argv_]))
             print("# then, one after another:")
         for part in timed:
             print(shlex.join(["python", *todo[part]]))
@@ -228,7 +299,8 @@ def main(argv):
     start = time.perf_counter()
     failed = first_phase(todo, args, out) if args.jobs > 1 else []
     if args.jobs > 1:
-        print(f"# compiled and counted, {args.jobs} at a time: {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"# compiled and counted, {args.jobs} + {args.light_jobs} at a time: {time.perf_counter() - start:.0f} s",
+              flush=True)
     for part in timed:
         argv_ = todo[part]
         print(f"# {part}: {shlex.join(['python', *argv_])}", flush=True)

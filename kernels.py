@@ -8,6 +8,9 @@ GPU), where each generated kernel is about one pass over memory.
     python kernels.py --compiled --size small --runs all --json results/kernels_compiled.json --update_readme
     python kernels.py --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
     python kernels.py --device cuda --json results/h100/kernels.json --update_readme   # the launches on a GPU
+    python kernels.py --runs vanilla --with_vanilla false --json parts/vanilla.json    # a table in parts, a label
+    python kernels.py --runs vertical --with_vanilla false --json parts/vertical.json  # each, side by side, ...
+    python kernels.py --runs vertical --json kernels.json --merge parts                # ... joined into one file
 
 Eager, on the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
 operator whose result aliases its input: view, transpose, expand, split, detach, _unsafe_view, ...) and operators
@@ -25,6 +28,9 @@ token or per parameter row. The training step is one forward with targets and it
 is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
 as sample.py --compile runs it). Eager counts depend on the shapes only through which operators run, not on their
 sizes; compiled counts can change with the shape (inductor splits a large reduction), so a table names its shape.
+Each label's row is counted from a fresh model (seed 0) with nothing compiled before it, so that a table may be
+counted in parts, a label each (--with_vanilla false), in processes side by side (gpu_tables.py does), and joined
+with --merge into the file that one run of the same command would have written.
 """
 import collections
 import contextlib
@@ -42,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import RUNS
 from common import (ConfigError, autocast, build_model, explicit_options, hardware_name, load_model_module,
-                    main_boundary, model_names, option, parse_simple, resolve_device, update_readme)
+                    main_boundary, model_names, option, parse_simple, read_json, resolve_device, update_readme)
 from generate import cache_for, compile_decode_step, decode_step, inference
 
 # --size: the shape options' values when not given; gpt2 is GPT-2 small's, small the model files' own defaults
@@ -71,7 +77,9 @@ class KernelsConfig:
                              "its middle, after a prefill of half of it (--size gpt2's)", min=2)
     runs: str = option("", "comma-separated labels to count: model files, or variants as bench.py names them "
                        "(vertical-unet, attnres-full, ...); '' = every model file, all = every model file and "
-                       "variant; vanilla is always counted (the ratios' base)")
+                       "variant; vanilla, the ratios' base, is counted too unless --with_vanilla false")
+    with_vanilla: bool = option(True, "also count vanilla, the ratios' base; false = exactly the --runs labels: a part "
+                                "of a table, which --merge joins (a file without vanilla makes no table)")
     compiled: bool = option(False, "count the kernels inductor generates for the compiled steps instead of the eager "
                             "operators")
     model_file: str = option("", "count nanoGPT's model.py (GPT, GPTConfig: a training step) or gpt-fast's "
@@ -85,6 +93,9 @@ class KernelsConfig:
                                  "of README.md or docs/ that holds them")
     table_only: bool = option(False, "count nothing: print the table of the --json file, counted before or elsewhere "
                               "(a GPU's), and with --update_readme write it into its page")
+    merge: str = option("", "count nothing: join the files <this folder>/<label>.json, one per label of this "
+                        "command, each counted with its options and --runs <label> --with_vanilla false, into the "
+                        "--json file that this command less --merge would have written", path=True)
 
 
 class KernelCount(TorchDispatchMode):
@@ -246,21 +257,74 @@ def parse_args(argv):
     for name, value in SHAPES[args.size].items():  # the --size shape, where an option was not given
         if name not in given:
             setattr(args, name, value)
-    if (args.update_readme or args.table_only) and not args.json:
-        raise ConfigError(f"{'--table_only reads' if args.table_only else '--update_readme writes'} the table of a "
-                          "--json file; give --json too")
+    if (args.update_readme or args.table_only or args.merge) and not args.json:
+        what = "--table_only reads" if args.table_only else "--merge writes" if args.merge else "--update_readme writes"
+        raise ConfigError(f"{what} the table of a --json file; give --json too")
     if args.table_only and not os.path.isfile(args.json):
         raise ConfigError(f"--table_only: no file {args.json}; count first (without --table_only)")
-    if args.model_file and args.compiled:
-        raise ConfigError("--compiled counts this repository's model files; drop --model_file or --compiled")
+    if args.table_only and args.merge:
+        raise ConfigError("--table_only prints a file's table and --merge joins parts into one: give one of them")
+    if args.model_file and (args.compiled or args.merge):
+        raise ConfigError(f"{'--compiled counts' if args.compiled else '--merge joins'} this repository's model files; "
+                          f"drop --model_file or {'--compiled' if args.compiled else '--merge'}")
     labels = {r[0] for r in RUNS}
     wanted = (set(model_names()) if not args.runs else labels if args.runs == "all" else
-              set(args.runs.split(",")) | {"vanilla"})
+              set(args.runs.split(",")) | ({"vanilla"} if args.with_vanilla else set()))
     unknown = wanted - labels
     if unknown:
         raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from all, {', '.join(sorted(labels))}")
+    if args.update_readme and "vanilla" not in wanted:
+        raise ConfigError("--update_readme writes a table of ratios to vanilla, which --with_vanilla false leaves out "
+                          "here: drop --update_readme (--merge joins the parts into a table)")
     args.labels = [r for r in RUNS if r[0] in wanted]
     return args
+
+
+def without(argv, *names):
+    """argv less the options named, each with its value: --name=value, --name value, or a bool option alone."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].split("=")[0] not in names:
+            out.append(argv[i])
+        elif "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            i += 1  # its value
+        i += 1
+    return out
+
+
+def header(args, device, dtype, version, command):
+    """The --json file's "shape": what the counts were counted at and with, and the command that counts them."""
+    return {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size, "block_size": args.block_size,
+            "torch": version, "device": device, "dtype": dtype, "compiled": args.compiled, "command": command}
+
+
+def merged(args, argv):
+    """--merge: the --json file's content from the parts in the --merge folder, a label's row from each, in the
+    order of a run; its command is this one less --merge, which counts the same rows in one process. A part that is
+    missing, or was counted with other options or on another machine or torch than the first part, is refused."""
+    command = without(argv, "--merge")
+    alone = without(command, "--runs", "--with_vanilla", "--json", "--update_readme")  # a part's command, less these
+    dtype = "float32" if args.device == "cpu" else "bf16 autocast"
+    rows, first = {}, None
+    for label, _, _ in args.labels:
+        path = os.path.join(args.merge, f"{label}.json")
+        fix = ("count it: `" + shlex.join(["python", "kernels.py", *alone, "--runs", label, "--with_vanilla", "false",
+                                           "--json", path]) + "`")
+        part = read_json(path, "--merge part", fix)
+        shape = part.get("shape") if isinstance(part, dict) else None
+        models = part.get("models") if isinstance(part, dict) else None
+        if not isinstance(shape, dict) or not isinstance(models, dict) or not isinstance(models.get(label), dict):
+            raise ConfigError(f"--merge part {path} holds no counts of {label}; {fix}")
+        first = first or shape
+        want = header(args, first.get("device"), dtype, first.get("torch"), shape.get("command"))
+        wrong = [k for k in want if shape.get(k) != want[k]]
+        if wrong:
+            raise ConfigError(f"--merge part {path} has {wrong[0]} {shape.get(wrong[0])!r} where this command (and its "
+                              f"first part's device and torch) has {want[wrong[0]]!r}; {fix}")
+        rows[label] = models[label]
+    return {"shape": header(args, first["device"], dtype, first["torch"],
+                            shlex.join(["python", "kernels.py", *command])),
+            "models": rows}
 
 
 def main(argv=None):
@@ -269,12 +333,30 @@ def main(argv=None):
     if args.table_only:
         with open(args.json) as f:
             return publish(json.load(f), args)
-    device = resolve_device(args.device)
-    torch.manual_seed(0)
-    if args.model_file:
-        what, ops = external(args.model_file, args, device)
-        print(f"{args.model_file}: {sum(ops.values())} kernels per {what}; {dict(ops.most_common(8))}")
-        return
+    if args.merge:
+        saved = merged(args, argv)
+    else:
+        device = resolve_device(args.device)
+        torch.manual_seed(0)
+        if args.model_file:
+            what, ops = external(args.model_file, args, device)
+            print(f"{args.model_file}: {sum(ops.values())} kernels per {what}; {dict(ops.most_common(8))}")
+            return
+        if args.json:  # the folder, before minutes of counting
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        saved = counted(args, argv, device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(saved, f, indent=1)
+    if "vanilla" not in saved["models"]:  # a part (--with_vanilla false): no base for the ratios, so no table
+        for label, r in saved["models"].items():
+            print(f"{label}: {r['train']} kernels per training step, {r['decode']} per decode step")
+        return []
+    return publish(saved, args)
+
+
+def counted(args, argv, device):
+    """The --json file's content: every label's counts, each from a model built from seed 0."""
     rows = {}
     for label, name, overrides in args.labels:
         torch.manual_seed(0)  # each row's random model and tokens, whichever rows are counted before it
@@ -293,20 +375,18 @@ def main(argv=None):
                   "decode step", file=sys.stderr)  # progress: each model compiles for a minute or more on a CPU
         del model
     dtype = "float32" if device.type == "cpu" else "bf16 autocast"
-    saved = {"shape": {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size,
-                       "block_size": args.block_size, "torch": torch.__version__, "device": hardware_name(device),
-                       "dtype": dtype, "compiled": args.compiled, "command": shlex.join(["python", "kernels.py", *argv])},
-             "models": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(saved, f, indent=1)
-    publish(saved, args)
+    return {"shape": header(args, hardware_name(device), dtype, torch.__version__,
+                            shlex.join(["python", "kernels.py", *argv])),
+            "models": rows}
 
 
 def publish(saved, args):
     """Print the Markdown table of saved (the --json file's content), and with --update_readme write it between
     that file's markers."""
     shape, rows = saved["shape"], saved["models"]
+    if "vanilla" not in rows:
+        raise ConfigError(f"{args.json} holds no vanilla row, the ratios' base (a part counted with --with_vanilla "
+                          "false); join it with the other parts by --merge")
     command = shape.get("command", "")  # older files hold none
     base = rows["vanilla"]["train"]
     cpu = shape["device"].startswith("CPU")  # hardware_name()'s words for a CPU

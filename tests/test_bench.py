@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -87,7 +88,9 @@ def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
 
 def test_bench_decode_table(tmp_path):
     """--decode: every case timed, eager and compiled, with consistent derived numbers; the JSON and the README
-    copy written; a --baseline checkout's eager generate() of the same weights timed beside (here this one)."""
+    copy written; a --baseline checkout's eager generate() of the same weights timed beside (here this one). With
+    --decode_modes compiled (gpu_tables.py's decode part) only the compiled cases: the table shows '-' for eager,
+    and gpu_tables.py's summary reads the compiled ratio from the file."""
     path = tmp_path / "decode.json"
     rows = bench.main(["--size=small", "--block_size=32", "--vocab_size=97", "--decode", "--runs=skipmiddle",
                        "--decode_batches=2", "--prompt_tokens=8", "--decode_tokens=4", "--repeats=2",
@@ -105,12 +108,24 @@ def test_bench_decode_table(tmp_path):
     assert [r["decode_ratio"] for r in rows if r["label"] == "vanilla" and r["mode"] != "baseline"] == [1.0] * 2
     saved = json.load(open(path))
     assert saved["results"] == rows and saved["command"][0] == "bench.py"
+    import gpu_tables
+    gpu = tmp_path / "gpu"
+    rows = bench.main(["--size=small", "--n_layer=1", "--block_size=32", "--vocab_size=97", "--decode",
+                       "--runs=vanilla", "--decode_modes=compiled", "--decode_batches=1", "--prompt_tokens=8",
+                       "--decode_tokens=4", "--repeats=1", "--device=cpu", f"--json={gpu / 'decode.json'}"])
+    assert [(r["label"], r["mode"]) for r in rows] == [("vanilla", "compiled")] and rows[0]["decode_ratio"] == 1.0
+    (line,) = [line for line in bench.decoding_table(rows, bench.parse_args([])).splitlines() if "| vanilla |" in line]
+    assert line.split(" | ")[4:7] == ["-", f"{rows[0]['decode_tok_s']:,.0f}", "1.00 (1.00-1.00)"]
+    assert "| vanilla | - | - | - | - | 1.00 | - | - |" in gpu_tables.summary(str(gpu))
 
 
-def test_bench_decode_refuses_a_window_that_restarts():
+def test_bench_decode_refuses_a_window_that_restarts_and_unknown_modes():
     with pytest.raises(ConfigError, match="--block_size 32"):
         bench.main(["--size=small", "--block_size=32", "--decode", "--prompt_tokens=16", "--decode_tokens=16",
                     "--device=cpu"])
+    for modes in ("eager,fast", "compiled,compiled", ""):
+        with pytest.raises(ConfigError, match="--decode_modes .*: give eager, compiled or eager,compiled"):
+            bench.main(["--size=small", "--decode", f"--decode_modes={modes}", "--device=cpu"])
 
 
 def test_kernels_counts_every_model_file_and_vanilla_s_matmuls(tmp_path, capsys):
@@ -214,7 +229,9 @@ def test_kernels_model_file_that_is_no_model_is_one_line(tmp_path):
 
 def test_gpu_tables_commands_parse_with_their_scripts(capsys):
     """gpu_tables.py --dry_run: every part's command is one that bench.py or kernels.py takes (its own parser
-    checks it), each writing its JSON under the --out folder; an unknown part is refused before anything runs."""
+    checks it), each writing its JSON under the --out folder; so is every job of the first phase: the training
+    steps' compiles in one pool, the decode steps' compiles and the counts, a label each, in the other, and each
+    count's merge, which is its part's own command with --merge. An unknown part is refused before anything runs."""
     import gpu_tables
     import kernels
     todo = gpu_tables.main(["--dry_run", "--out", "results/gpu"])
@@ -223,31 +240,81 @@ def test_gpu_tables_commands_parse_with_their_scripts(capsys):
         script, options = argv[0], argv[1:]
         (bench if script == "bench.py" else kernels).parse_args(options)
         assert options[options.index("--json") + 1].startswith("results/gpu/"), part
+    assert bench.parse_args(todo["decode"][1:]).decode_modes == "compiled"  # eager decoding: --decode_eager true
     # the first phase compiles each model of each compiling part once, with that part's options, writing nothing
-    warm = gpu_tables.warm_commands(todo, gpu_tables.parse_args([]))
+    args = gpu_tables.parse_args([])
+    warm = gpu_tables.warm_commands(todo, args)
     assert len(warm) == 3 * 6
     for name, argv in warm:
         part, label = name.split()
-        args = bench.parse_args(argv[1:])
-        assert args.warm_only and args.runs == label and not args.json and not args.update_readme
+        parsed = bench.parse_args(argv[1:])
+        assert parsed.warm_only and parsed.runs == label and not parsed.json and not parsed.update_readme
         measured = vars(bench.parse_args(todo[part][1:]))
-        assert {k for k, v in vars(args).items() if v != measured[k]} <= {"runs", "warm_only", "json", "update_readme"}
-    assert capsys.readouterr().out.count("python ") == len(gpu_tables.PARTS) + len(warm)
+        changed = {k for k, v in vars(parsed).items() if v != measured[k]}
+        assert changed <= {"runs", "warm_only", "json", "update_readme"}
+    heavy, light, merges = gpu_tables.first_jobs(todo, args)
+    assert {name.split()[0] for name, _ in heavy} == {"compiled", "compiled4096"} and len(heavy) == 2 * 6
+    assert [name for name, _ in light if name.startswith("decode ")] == [n for n, _ in warm if n.startswith("decode ")]
+    labels = ["vanilla", *args.runs.split(",")]
+    for part, merge in merges:  # each label counted alone into the folder that the merge joins
+        counts = [(name, argv) for name, argv in light if name.split()[0] == part]
+        assert [name for name, _ in counts] == [f"{part} {label}" for label in labels]
+        merged = kernels.parse_args(merge[1:])
+        assert merge[:-2] == todo[part] and merged.merge == f"results/gpu/logs/{part}" and merged.update_readme
+        for (name, argv), label in zip(counts, labels):
+            one = kernels.parse_args(argv[1:])
+            assert [r[0] for r in one.labels] == [label] and not one.with_vanilla and not one.update_readme
+            assert one.json == os.path.join(merged.merge, f"{label}.json")
+            assert {k for k, v in vars(one).items() if v != vars(merged)[k]} <= {
+                "labels", "runs", "with_vanilla", "json", "update_readme", "merge"}
+    out = capsys.readouterr().out
+    assert out.count("python ") == len(gpu_tables.PARTS) - 2 + len(heavy) + len(light) + len(merges)
+    assert "at most 4 at a time (training" in out and "at most 4 at a time (decode" in out
     with pytest.raises(ConfigError, match="unknown --parts train"):
         gpu_tables.main(["--dry_run", "--parts", "compiled,train"])
 
 
 def test_gpu_tables_first_phase_reports_what_failed(capsys, tmp_path):
-    """The first phase runs its processes side by side and says how each ended: a failed counting part is returned
-    (the command then fails), a failed compile only reported (its timed part compiles again and fails itself)."""
+    """The first phase runs its processes side by side and says how each ended: a failed count fails its part (the
+    command then fails), which is then not merged; a failed compile is only reported (its timed part compiles again
+    and fails itself)."""
     import gpu_tables
-    todo = {"kernels": ["kernels.py", "--size", "huge"], "compiled": ["bench.py", "--size", "huge"]}
+    todo = {"kernels": ["kernels.py", "--size", "huge", "--json", str(tmp_path / "kernels.json")],
+            "compiled": ["bench.py", "--size", "huge"]}
     failed = gpu_tables.first_phase(todo, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]), tmp_path)
     out = capsys.readouterr().out
     assert failed == ["kernels"]
     assert "--size huge" in (tmp_path / "logs" / "compiled_vertical.log").read_text()  # kept as it came
     assert "# compiled vertical: failed (exit 1)" in out and "# compiled vanilla: failed (exit 1)" in out
-    assert out.count("error: --size huge is not one of") == 3  # each one's own message
+    assert "# kernels vertical: failed (exit 1)" in out and "# kernels: not merged" in out
+    assert out.count("error: --size huge is not one of") == 4  # each one's own message
+
+
+def test_gpu_tables_counts_a_label_a_process_and_merges_them_into_one_run_s_file(capsys, tmp_path):
+    """A counting part counted a label a process, side by side, then merged: the file is byte for byte the one
+    that the part's command writes in one process (its command included, which names that command), and the merge
+    prints its table. A merge with a part missing, or counted at another shape, is refused in one line; the command
+    it names counts the missing part."""
+    import gpu_tables
+    import kernels
+    path = tmp_path / "kernels.json"
+    argv = ["kernels.py", *TINY, "--runs", "vanilla,vertical", "--json", str(path)]
+    subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True)
+    one_run = path.read_bytes()
+    path.unlink()
+    assert gpu_tables.first_phase({"kernels": argv}, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]),
+                                  tmp_path) == []
+    assert path.read_bytes() == one_run
+    assert "| vertical | " in capsys.readouterr().out
+    folder = str(tmp_path / "logs" / "kernels")
+    with pytest.raises(ConfigError, match="has n_layer 2 where this command .* has 3"):
+        kernels.main([*argv[1:], "--n_layer=3", "--merge", folder])
+    more = [*TINY, "--runs", "vertical,attnres", "--json", str(tmp_path / "more.json"), "--merge", folder]
+    with pytest.raises(ConfigError, match="attnres.json does not exist; count it: `") as missing:
+        kernels.main(more)
+    kernels.main(shlex.split(str(missing.value).split("`")[1])[2:])  # the command it names, less `python kernels.py`
+    lines = kernels.main(more)
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| vanilla", "| vertical", "| attnres"]
 
 
 def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp_path):
@@ -257,6 +324,8 @@ def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp
         bench.main(["--warm_only", "--runs", "vanilla"])
     with pytest.raises(ConfigError, match="without --json"):
         bench.main(["--warm_only", "--compile", "--json", str(tmp_path / "x.json")])
+    with pytest.raises(ConfigError, match="compiled among --decode_modes"):  # eager decoding compiles nothing
+        bench.main(["--warm_only", "--decode", "--decode_modes", "eager", "--runs", "vanilla"])
     script = ("import bench, torch\nfrom torch._dynamo.utils import counters\n"
               "bench.main(['--device', 'cpu', '--compile', '--warm_only', '--runs', 'vanilla', '--n_layer', '1', "
               "'--block_size', '16', '--batch_size', '1', '--vocab_size', '64', '--warmup', '1'])\n"
