@@ -81,9 +81,11 @@ def softmax_over(logits):
 
 
 def softmax_across(logits):
-    """softmax_over's arithmetic across the list: exp(logits[i] - m) / sum_j exp(logits[j] - m), m their maximum."""
+    """softmax_over's arithmetic across the list: exp(logits[i] - m) / sum_j exp(logits[j] - m), m their maximum.
+    The softmax does not depend on m, so m takes no gradient (as in torch's softmax): its backward would be a mask
+    per source that inductor computes in a loop of its own."""
     logits = [x.to(torch.promote_types(x.dtype, torch.float32)) for x in logits]
-    m = functools.reduce(torch.maximum, logits)
+    m = functools.reduce(torch.maximum, logits).detach()
     e = [torch.exp(x - m) for x in logits]
     total = functools.reduce(torch.add, e)
     return [x / total for x in e]

@@ -300,3 +300,12 @@ def test_softmax_over_is_the_softmax_of_the_stack(module, form):
     assert all(w.dtype == torch.float32 and torch.allclose(w, v, atol=1e-6) for w, v in zip(got, want))
     double = [torch.randn(3, dtype=torch.float64, generator=g) for _ in range(2)]
     assert all(w.dtype == torch.float64 for w in softmax_over(double))
+    # the gradient too (softmax_across's maximum takes none, the softmax not depending on it), ties included
+    for logits in ([torch.randn(2, 3, generator=g, dtype=torch.float64) * 5 for _ in range(4)],
+                   [torch.ones(2, 3, dtype=torch.float64) for _ in range(3)]):
+        logits = [x.requires_grad_() for x in logits]
+        upstream = [torch.randn(2, 3, generator=g, dtype=torch.float64) for _ in logits]
+        got = torch.autograd.grad(sum((w * u).sum() for w, u in zip(softmax_over(logits), upstream)), logits)
+        stacked = torch.stack(logits, -1).softmax(-1).unbind(-1)
+        want = torch.autograd.grad(sum((w * u).sum() for w, u in zip(stacked, upstream)), logits)
+        assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(got, want))
