@@ -379,6 +379,18 @@ def explicit_options(argv):
     return {a.split("=")[0][2:] for a in argv if a.startswith("--")}
 
 
+def without(argv, *names):
+    """argv less the options named, each with its value: --name=value, --name value, or a bool option alone."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].split("=")[0] not in names:
+            out.append(argv[i])
+        elif "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            i += 1  # its value
+        i += 1
+    return out
+
+
 def check_config(config_class, values):
     """ValueError naming the first field of config_class whose value in values (a dict; a missing field has its
     default) breaks its type or its declared constraints: min / max (inclusive), above / below (exclusive),

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common import ConfigError, RunError, hardware_name, main_boundary, option, parse_simple, update_readme
+from common import (ConfigError, RunError, hardware_name, main_boundary, option, parse_simple, update_readme,
+                    without)
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
 COUNTING = ("kernels_compiled", "kernels")  # the parts that time nothing: the first phase counts them, a label a job
@@ -113,19 +114,6 @@ def commands(args, out):
 def labels(args):
     """vanilla, the ratios' base, and the --runs labels, each once."""
     return list(dict.fromkeys(["vanilla", *args.runs.split(",")]))
-
-
-def without(argv, *names):
-    """argv less the options named, each with its value (a flag, --update_readme, has none)."""
-    out, skip = [], False
-    for i, word in enumerate(argv):
-        if skip:
-            skip = False
-        elif word in names:
-            skip = word != "--update_readme"
-        else:
-            out.append(word)
-    return out
 
 
 def warm_commands(todo, args):

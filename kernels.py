@@ -48,7 +48,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import RUNS
 from common import (ConfigError, autocast, build_model, explicit_options, hardware_name, load_model_module,
-                    main_boundary, model_names, option, parse_simple, read_json, resolve_device, update_readme)
+                    main_boundary, model_names, option, parse_simple, read_json, resolve_device, update_readme,
+                    without)
 from generate import cache_for, compile_decode_step, decode_step, inference
 
 # --size: the shape options' values when not given; gpt2 is GPT-2 small's, small the model files' own defaults
@@ -278,18 +279,6 @@ def parse_args(argv):
                           "here: drop --update_readme (--merge joins the parts into a table)")
     args.labels = [r for r in RUNS if r[0] in wanted]
     return args
-
-
-def without(argv, *names):
-    """argv less the options named, each with its value: --name=value, --name value, or a bool option alone."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i].split("=")[0] not in names:
-            out.append(argv[i])
-        elif "=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            i += 1  # its value
-        i += 1
-    return out
 
 
 def header(args, device, dtype, version, command):
