@@ -38,10 +38,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common import (DTYPES, ConfigError, autocast, build_model, check_output, describe_run, has_nonfinite,
-                    load_model_module, main_boundary, model_from_checkpoint, open_split, option, parse_json,
-                    parse_simple, read_checkpoint, read_meta, read_text, resolve_device, resolve_dtype, split_tokens,
-                    to_json)
+from common import (DTYPES, autocast, build_model, describe_run, load_model_module, model_from_checkpoint, open_split,
+                    resolve_device, resolve_dtype)
+from plumbing.checkpoints import read_checkpoint
+from plumbing.config import option
+from plumbing.errors import ConfigError, main_boundary
+from plumbing.files import has_nonfinite, parse_json, read_meta, read_text, split_tokens, to_json
+from plumbing.options import check_output, parse_simple
 from prepare import get_tokenizer
 
 
@@ -809,7 +812,7 @@ def wiring(model, idx, seed):
 def close_middle_gates(model):
     """skip-middle with the middle half of its blocks skipped by every token: bench.py's --close_gates at gate
     n_gates // 2 (blocks 1 to 4 of 6)."""
-    from bench import close_gates
+    from tools.bench import close_gates
     close_gates(model, len(model.gates) // 2)
 
 
@@ -823,7 +826,7 @@ def wiring_panels(args):
                 closed = options.pop("closed", False)
                 module = load_model_module(name)
                 torch.manual_seed(args.seed)
-                model = build_model(module, options, f"model_{name}.py").eval()
+                model = build_model(module, options).eval()
                 if closed:
                     close_middle_gates(model)
                 idx = torch.randint(model.config.vocab_size, (2, min(64, model.config.block_size)),

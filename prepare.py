@@ -38,7 +38,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import ConfigError, load_model_module, to_json, main_boundary, option, parse_simple
+from common import load_model_module
+from plumbing.config import option
+from plumbing.errors import ConfigError, main_boundary
+from plumbing.files import to_json
+from plumbing.options import parse_simple
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -75,12 +79,9 @@ def get_tokenizer(name):
                  "or set TIKTOKEN_CACHE_DIR to a folder holding them")
         # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
         return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
-    if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder (hf.py)
-        import hf
-        try:
-            return hf.get_tokenizer(name[3:])
-        except hf.HFError as e:
-            raise ConfigError(str(e))
+    if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder (hf/convert.py)
+        from hf import convert  # only where asked for: it imports the Hugging Face packages it needs
+        return convert.get_tokenizer(name[3:])
     raise ValueError(f"unknown tokenizer {name!r} (byte, gpt2 or hf:DIR)")
 
 

@@ -14,13 +14,11 @@ value` lines, config/*.py), read and applied in order before the command line. A
 A run is a transaction: every check (options, data, checkpoint, model, optimiser, one forward pass) passes
 before anything in out_dir is created or written, and a second run in the same out_dir is refused. log.jsonl
 is append-only: a resumed run keeps every record up to its checkpoint's step and moves the records after it
-to log.superseded.jsonl. This file tells the steps (the data, the run folder, the log, one optimiser step, the
-loop); train_setup.py holds what comes before the first step (the checks, the process, the saved state) and the
-messages of a run that stops.
+to log.superseded.jsonl. This file reads top to bottom (the options, the data, the model and its optimiser,
+the schedule, the processes, one step, evaluation, the log, the checkpoint, the loop); the checks and the
+one-line errors are in plumbing/, which a learner may skip.
 """
 import dataclasses
-import importlib.util
-import json
 import math
 import os
 import signal
@@ -31,10 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, ConfigError, RunError, main_boundary, model_names, option, parse_model_options,
-                    peak_flops, read_meta, synchronize, to_json)
-from train_setup import (catch_stop_signals, check_first_batch, check_splits, divergence_message, keep_global_batch,
-                         make_model, make_optimizer, read_run, restore, stopped, this_process)
+from common import (DTYPES, SIZES, autocast, build_model, model_names, peak_flops, resolve_device, resolve_dtype,
+                    synchronize)
+from hf import convert
+from plumbing import checks
+from plumbing.config import option
+from plumbing.errors import ConfigError, catch_stop_signals, diverged, main_boundary, stopped
+from plumbing.files import read_meta, save_checkpoint, to_json
+from plumbing.options import parse_model_options
 
 
 @dataclass
@@ -47,8 +49,8 @@ class TrainConfig:
                        "'' = the model file's own defaults", choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
     init_from: str = option("", "a Hugging Face Llama or Qwen3 folder (config.json, safetensors): its architecture "
-                            "and the weights of the shared components (hf.py); '' = none; ignored with --resume",
-                            path=True)
+                            "and the weights of the shared components (hf/convert.py); '' = none; ignored with "
+                            "--resume", path=True)
     data_dir: str = option("data", "the folder of prepared data sets", path=True)
     # optimisation
     max_iters: int = option(1000, "optimiser steps in all", min=0)
@@ -81,23 +83,20 @@ class TrainConfig:
                            "step took 1.8x nanoGPT's compiled one), off on CPU and MPS")
     peak_flops: float = option(0.0, "the device's peak FLOP/s for MFU; 0 = look the GPU up in a table", min=0)
 
-    def __post_init__(self):  # the rules across fields; each field's own are checked first (common.make_config)
+    def __post_init__(self):  # the rules across fields; each field's own are checked first (plumbing/config.py)
         if self.decay_lr and self.min_lr > self.learning_rate:
             raise ValueError(f"--min_lr {self.min_lr} is above --learning_rate {self.learning_rate}; the decay "
                              "ends at min_lr, so it must be at most the learning rate")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# options: TrainConfig + the model file's GPTConfig, from defaults < preset files < command line
-
 def parse_args(argv):
-    """(TrainConfig, model options as a dict, model module, names set explicitly); ConfigError on bad input."""
+    """(TrainConfig, model options as a dict, model module, names set explicitly), from defaults < preset files <
+    the command line; ConfigError on bad input."""
     return parse_model_options(TrainConfig, argv, __doc__)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the data, and this process's place in the run
-
+# the data: random windows of block_size + 1 tokens from data/<dataset>/{train,val}.bin
 
 class Data:
     """The prepared data set's two splits, memory-mapped once per run (the pages read are the file system's cache,
@@ -135,55 +134,159 @@ def train_offsets(n_tokens, T, seed, step, n_windows):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the run folder: a lock, an append-only log, atomic checkpoints
+# the model, its optimiser and the learning-rate schedule
 
-def lock_out_dir(out_dir):
-    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        handle = open(os.path.join(out_dir, ".lock"), "a")
-    except OSError as e:
-        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
-    try:
-        import fcntl
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass  # no fcntl (Windows): no lock
-    except OSError:
-        handle.close()
-        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
-    return handle
+def make_model(module, model_args, cfg, resuming, device):
+    """The model of model_args on device; a new run with --init_from takes the pretrained weights of the
+    components every model file shares with vanilla (hf/convert.py), the method's own parameters keep their init."""
+    model = build_model(module, model_args).to(device)
+    if cfg.init_from and not resuming:
+        convert.load_folder(model, cfg.init_from)
+    return model
 
 
-def settle_log(out_dir, resume_step):
-    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
-    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
-    log_path = os.path.join(out_dir, "log.jsonl")
-    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
-        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
-    if not os.path.exists(log_path):
-        return
-    keep, move = [], []
-    with open(log_path, "rb") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["iter"]
-            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-                step = None
-            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
-            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
-    if move:
-        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
-            f.writelines(move)
-    with open(log_path + ".tmp", "wb") as f:
-        f.writelines(keep)
-    os.replace(log_path + ".tmp", log_path)
+def make_optimizer(raw_model, cfg, device):
+    """AdamW over the model's own parameter groups: weight decay on matrices and embeddings only, and a group may
+    bring its own lr (vertical's scores). Fused (one kernel for every parameter) on CUDA."""
+    groups = raw_model.param_groups(cfg.weight_decay)
+    for g in groups:
+        g.setdefault("lr", cfg.learning_rate)
+        g["base_lr"] = g["lr"]  # the schedule scales every group's own lr by the same factor
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
+                             fused=device.type == "cuda")
 
+
+def lr_factor(it, cfg):
+    """The learning rate of step it as a fraction of the peak: linear warm-up, then a cosine down to min_lr."""
+    if not cfg.decay_lr:
+        return 1.0
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.warmup_start + (1 - cfg.warmup_start) * it / cfg.warmup_iters
+    floor = cfg.min_lr / cfg.learning_rate
+    if it >= decay_iters:
+        return floor
+    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the processes: one, or one per GPU under torchrun, each with its own share of the micro-steps; DDP
+
+@dataclass
+class Process:
+    """This process: one, or one of torchrun's world; accum is its own share of the micro-steps."""
+    world: int
+    rank: int
+    accum: int
+    device: torch.device
+    dtype: str
+
+    def __post_init__(self):
+        self.ctx = autocast(self.device, self.dtype)  # made once: a step enters it again and again
+
+
+def this_process(cfg):
+    """The Process this is: one, or one of torchrun's (which sets WORLD_SIZE, RANK and LOCAL_RANK)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    accum = cfg.gradient_accumulation_steps or world  # not given: one micro-step per process
+    if accum % world:
+        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; make "
+                          "it one, or leave it out (one micro-step per process)")
+    device = resolve_device(cfg.device)
+    if device.type == "cuda" and world > 1:  # one GPU per process
+        device = resolve_device(f"cuda:{local_rank}")
+    return Process(world, rank, accum // world, device, resolve_dtype(cfg.dtype, device))
+
+
+def wrap(raw_model, cfg, proc):
+    """(the model to train, the model to evaluate): compiled where asked (not given: on CUDA), and the first under
+    DDP; evaluation bypasses DDP, since ranks may hold different numbers of validation windows."""
+    model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
+        else raw_model
+    if proc.world == 1:
+        return model, model
+    ids = [proc.device.index] if proc.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one optimiser step, and evaluation
+
+def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
+    """Step iter_num: accum micro-steps per process, starting from `batch`, gradients all-reduced on the last one;
+    the next batch is read while the device runs the forward (nanoGPT's order). Returns the step's mean loss (a
+    tensor: reading it would synchronise the GPU) and the next step's first batch."""
+    for g in optimizer.param_groups:
+        g["lr"] = g["base_lr"] * lr_factor(iter_num, cfg)
+    step_loss = torch.zeros((), device=proc.device)
+    for micro in range(proc.accum):
+        x, y = batch
+        sync = proc.world == 1 or micro == proc.accum - 1
+        with (nullcontext() if sync else model.no_sync()), proc.ctx:
+            _, loss = model(x, y)
+            loss = loss / proc.accum
+        batch = next(batches)  # on a GPU, while it computes the forward
+        loss.backward()
+        step_loss += loss.detach()
+    if proc.world > 1:  # a sum, then divided: torch 2.5's gloo has no ReduceOp.AVG
+        torch.distributed.all_reduce(step_loss)
+        step_loss /= proc.world
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if hasattr(raw_model, "after_step"):
+        raw_model.after_step()  # collective under DDP (skipmiddle's controller all-reduces its statistics)
+    return step_loss, batch
+
+
+def val_offsets(data, cfg, T, proc):
+    """This rank's share of the fixed validation windows (eval_iters * batch_size of them, the same every call)."""
+    n_val = len(data.splits["val"])
+    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=torch.Generator().manual_seed(0))
+    return offsets[proc.rank::proc.world]
+
+
+@torch.no_grad()
+def evaluate(model, data, cfg, T, proc):
+    """Mean loss on the validation windows, shared out across ranks."""
+    B, mine = cfg.batch_size, val_offsets(data, cfg, T, proc)
+    model.eval()
+    total = torch.zeros(2, device=proc.device)  # loss summed over windows, number of windows
+    for i in range(0, len(mine), B):
+        x, y = data.batch("val", mine[i:i + B], T, proc.device)
+        with proc.ctx:
+            _, loss = model(x, y)
+        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=proc.device)])
+    if proc.world > 1:
+        torch.distributed.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+@torch.no_grad()
+def model_stats(raw_model, data, cfg, T, proc):
+    """What the model file reports of itself (stats(): a map's entropy, gate sparsity), computed on this rank's
+    first validation batch in eval mode; collective under DDP. {} for a model file without stats()."""
+    if not hasattr(raw_model, "stats"):
+        return {}
+    x, _ = data.batch("val", val_offsets(data, cfg, T, proc)[:cfg.batch_size], T, proc.device)
+    raw_model.eval()
+    with proc.ctx:
+        stats = raw_model.stats(x)
+    raw_model.train()
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the log: log.jsonl (append-only), the progress bar, wandb
 
 class Log:
-    """log.jsonl (append-only), the progress bar and wandb; tokens/s and MFU over the training time since the last
-    record. The clock runs from start_clock() to stop_clock() or the next train_record(), each of which waits for
-    the device: the time includes the GPU's queued work, and the device is synchronised only there."""
+    """log.jsonl, the progress bar and wandb; tokens/s and MFU over the training time since the last record. The
+    clock runs from start_clock() to stop_clock() or the next train_record(), each of which waits for the device:
+    the time includes the GPU's queued work, and the device is synchronised only there."""
 
     def __init__(self, cfg, model_args, raw_model, proc, start):
         from tqdm import tqdm
@@ -246,100 +349,8 @@ class Log:
         self.bar.close()  # before any error line, so that it does not share the bar's line
 
 
-def save_checkpoint(path, ckpt):
-    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
-    tmp = path + ".tmp"
-    try:
-        torch.save(ckpt, tmp)
-    except (OSError, RuntimeError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
-                          "or choose another --out_dir; the previous checkpoint is kept")
-    os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------------------------------------
-# the pieces of a step
-
-def lr_factor(it, cfg):
-    if not cfg.decay_lr:
-        return 1.0
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    if it < cfg.warmup_iters:
-        return cfg.warmup_start + (1 - cfg.warmup_start) * it / cfg.warmup_iters
-    floor = cfg.min_lr / cfg.learning_rate
-    if it >= decay_iters:
-        return floor
-    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
-
-
-def val_offsets(data, cfg, T, proc):
-    """This rank's share of the fixed validation windows (eval_iters * batch_size of them, the same every call)."""
-    n_val = len(data.splits["val"])
-    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=torch.Generator().manual_seed(0))
-    return offsets[proc.rank::proc.world]
-
-
-@torch.no_grad()
-def evaluate(model, data, cfg, T, proc):
-    """Mean loss on the validation windows, shared out across ranks."""
-    B, mine = cfg.batch_size, val_offsets(data, cfg, T, proc)
-    model.eval()
-    total = torch.zeros(2, device=proc.device)  # loss summed over windows, number of windows
-    for i in range(0, len(mine), B):
-        x, y = data.batch("val", mine[i:i + B], T, proc.device)
-        with proc.ctx:
-            _, loss = model(x, y)
-        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=proc.device)])
-    if proc.world > 1:
-        torch.distributed.all_reduce(total)
-    model.train()
-    return (total[0] / total[1]).item()
-
-
-@torch.no_grad()
-def model_stats(raw_model, data, cfg, T, proc):
-    """What the model file reports of itself (stats(): a map's entropy, gate sparsity), computed on this rank's
-    first validation batch in eval mode; collective under DDP. {} for a model file without stats()."""
-    if not hasattr(raw_model, "stats"):
-        return {}
-    x, _ = data.batch("val", val_offsets(data, cfg, T, proc)[:cfg.batch_size], T, proc.device)
-    raw_model.eval()
-    with proc.ctx:
-        stats = raw_model.stats(x)
-    raw_model.train()
-    return stats
-
-
-def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
-    """Step iter_num: accum micro-steps per process, starting from `batch`, gradients all-reduced on the last one;
-    the next batch is read while the device runs the forward (nanoGPT's order). Returns the step's mean loss (a
-    tensor: reading it would synchronise the GPU) and the next step's first batch."""
-    for g in optimizer.param_groups:
-        g["lr"] = g["base_lr"] * lr_factor(iter_num, cfg)
-    step_loss = torch.zeros((), device=proc.device)
-    for micro in range(proc.accum):
-        x, y = batch
-        sync = proc.world == 1 or micro == proc.accum - 1
-        with (nullcontext() if sync else model.no_sync()), proc.ctx:
-            _, loss = model(x, y)
-            loss = loss / proc.accum
-        batch = next(batches)  # on a GPU, while it computes the forward
-        loss.backward()
-        step_loss += loss.detach()
-    if proc.world > 1:  # a sum, then divided: torch 2.5's gloo has no ReduceOp.AVG
-        torch.distributed.all_reduce(step_loss)
-        step_loss /= proc.world
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if hasattr(raw_model, "after_step"):
-        raw_model.after_step()  # collective under DDP (skipmiddle's controller all-reduces its statistics)
-    return step_loss, batch
-
+# the checkpoint, and resume
 
 def rng_states(device, world):
     """Every rank's random number generator states, gathered on every rank (a collective under DDP): dropout
@@ -354,7 +365,8 @@ def rng_states(device, world):
 
 
 def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc):
-    """The checkpoint of step iter_num (rank 0 writes it; the random states of every rank go in it)."""
+    """The checkpoint of step iter_num (rank 0 writes it, whole or not at all; the random states of every rank go
+    in it)."""
     rng = rng_states(proc.device, proc.world)  # collective under DDP
     if proc.rank == 0:
         save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
@@ -364,51 +376,48 @@ def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, p
             "meta": meta, "rng": rng})
 
 
+def restore(raw_model, optimizer, ckpt, proc):
+    """A resumed run's weights, optimiser state and this rank's random state (a run saved with another number of
+    processes cannot be continued exactly, and takes the states it has in turn); its step."""
+    raw_model.load_state_dict(ckpt["model"])
+    base_lrs = [g["base_lr"] for g in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt["optimizer"])
+    for g, base in zip(optimizer.param_groups, base_lrs):
+        g["base_lr"] = base  # a resumed run follows this run's learning-rate options
+    rng = ckpt["rng"]
+    torch.set_rng_state(rng["torch"][proc.rank % len(rng["torch"])])
+    if proc.device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"][proc.rank % len(rng["cuda"])], proc.device)
+    return ckpt["iter_num"]
+
+
 # ----------------------------------------------------------------------------------------------------------
-
-def wrap(raw_model, cfg, proc):
-    """(the model to train, the model to evaluate): compiled where asked (not given: on CUDA), and the first under
-    DDP; evaluation bypasses DDP, since ranks may hold different numbers of validation windows."""
-    model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
-        else raw_model
-    if proc.world == 1:
-        return model, model
-    ids = [proc.device.index] if proc.device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), model
-
 
 def main(argv):
     # ---- every check, before anything in out_dir is created or written
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
-    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     meta = read_meta(cfg.data_dir, cfg.dataset)
-    ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
-    keep_global_batch(proc, cfg, ckpt)
+    ckpt, model_args = checks.before_run(cfg, model_args, module, explicit, meta, proc)  # the checkpoint to resume
     T = model_args["block_size"]
-    check_splits(cfg.data_dir, cfg.dataset, meta, T, model_args["vocab_size"])
     data = Data(cfg, meta)
     if proc.world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if proc.device.type == "cuda":
             torch.cuda.set_device(proc.device)
         torch.distributed.init_process_group("nccl" if proc.device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed + proc.rank)
-    raw_model = make_model(module, model_args, cfg, ckpt, proc.device)
+    raw_model = make_model(module, model_args, cfg, ckpt is not None, proc.device)
     optimizer = make_optimizer(raw_model, cfg, proc.device)
     iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:
-        restore(raw_model, optimizer, ckpt, cfg, proc.rank, proc.device)
-        iter_num = saved_step = ckpt["iter_num"]
+        iter_num = saved_step = restore(raw_model, optimizer, ckpt, proc)
         best_val = ckpt["best_val_loss"]
     batches = data.train_batches(cfg, proc, T, iter_num)  # this process's batches, one per micro-step
     batch = next(batches)
-    check_first_batch(raw_model, cfg, model_args, explicit, batch, iter_num, proc)
+    checks.first_batch(raw_model, batch, proc, cfg, model_args, explicit, iter_num)
 
     # ---- the run: from here on it may write to out_dir
-    lock = lock_out_dir(cfg.out_dir) if proc.rank == 0 else None
-    if proc.rank == 0:
-        settle_log(cfg.out_dir, saved_step)
+    lock = checks.open_run_folder(cfg.out_dir, saved_step) if proc.rank == 0 else None  # locked, log settled
     model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num)
     stop, handlers = catch_stop_signals()
@@ -421,8 +430,8 @@ def main(argv):
                 log.stop_clock()  # evaluation is not training time
                 val_loss = evaluate(eval_model, data, cfg, T, proc)
                 if not math.isfinite(val_loss):
-                    raise RunError(divergence_message("validation loss", val_loss, iter_num, cfg, model_args,
-                                                      explicit, saved_step, proc.dtype))
+                    raise diverged("validation loss", val_loss, iter_num, cfg, model_args, explicit, saved_step,
+                                   proc.dtype)
                 best_val = min(best_val, val_loss)
                 stats = model_stats(raw_model, data, cfg, T, proc)  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
@@ -441,8 +450,7 @@ def main(argv):
             if iter_num % cfg.log_interval == 0:
                 loss = step_loss.item()
                 if not math.isfinite(loss):
-                    raise RunError(divergence_message("training loss", loss, iter_num, cfg, model_args, explicit,
-                                                      saved_step, proc.dtype))
+                    raise diverged("training loss", loss, iter_num, cfg, model_args, explicit, saved_step, proc.dtype)
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
         if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
             torch.distributed.barrier()

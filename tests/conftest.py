@@ -4,6 +4,7 @@ import os
 import runpy
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -40,17 +41,23 @@ def one_thread():
 
 
 def run_script(script, args, capsys, mode=""):
-    """(exit code, stdout, stderr) of `python script args`: its real __main__ block run here, or with mode SUB in a
-    subprocess."""
+    """(exit code, stdout, stderr) of `python script args` (train.py), or of `python -m tools.bench args` for a script
+    in a folder (tools/bench.py): its real __main__ block run here, or with mode SUB in a subprocess."""
+    module = script[:-3].replace("/", ".") if "/" in script else None
     if mode == SUB:
         args = [a if isinstance(a, bytes) else str(a) for a in args]
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
-                              timeout=300)
+        command = ["-m", module] if module else [os.path.join(ROOT, script)]
+        proc = subprocess.run([sys.executable, *command, *args], cwd=ROOT, capture_output=True, timeout=300)
         return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
     capsys.readouterr()
     argv, sys.argv = sys.argv, [script, *map(str, args)]
     try:
-        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+        with warnings.catch_warnings():  # runpy's note that the module is imported already (by a test): it runs anew
+            warnings.simplefilter("ignore", RuntimeWarning)
+            if module:
+                runpy.run_module(module, run_name="__main__", alter_sys=False)
+            else:
+                runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code

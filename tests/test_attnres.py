@@ -6,9 +6,9 @@ import torch
 
 import model_attnres as attnres
 import model_vanilla as vanilla
-from common import make_config
 from conftest import ROOT
 from generate import generate
+from plumbing.config import make_config
 
 DOCS = open(os.path.join(ROOT, "docs", "attnres.md")).read()
 TINY = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)

@@ -1,4 +1,6 @@
 """bench.py's speed and memory table end to end on a tiny shape, with consistent numbers (the sweep: test_sweep.py)."""
+import contextlib
+import io
 import json
 import math
 import os
@@ -9,10 +11,11 @@ import sys
 import pytest
 import torch
 
-import bench
+from tools import bench
 import model_skipmiddle as sm
 import train
-from common import ConfigError, model_from_checkpoint
+from common import model_from_checkpoint
+from plumbing.errors import ConfigError
 from conftest import ROOT
 
 
@@ -107,14 +110,27 @@ def test_bench_decode_table(tmp_path):
             assert "baseline_ratio" in r and ("skip_ratio" in r) == (r["label"] == "skipmiddle")
     assert [r["decode_ratio"] for r in rows if r["label"] == "vanilla" and r["mode"] != "baseline"] == [1.0] * 2
     saved = json.load(open(path))
-    assert saved["results"] == rows and saved["command"][0] == "bench.py"
-    import gpu_tables
+    assert saved["results"] == rows and saved["command"][:2] == ["-m", "tools.bench"]
+    # --table_only renders the file's table from its numbers alone: a number changed in the file changes the table
+    table = bench.decoding_table(rows, saved["baseline"])
+    capture = io.StringIO()
+    with contextlib.redirect_stdout(capture):
+        assert bench.main(["--decode", "--table_only", f"--json={path}"]) == rows
+    assert capture.getvalue() == table
+    saved["results"][0]["decode_tok_s"] = 123456.0
+    path.write_text(json.dumps(saved))
+    with contextlib.redirect_stdout(io.StringIO()) as capture:
+        bench.main(["--decode", "--table_only", f"--json={path}"])
+    assert "123,456" in capture.getvalue() and "123,456" not in table
+    with pytest.raises(ConfigError, match="give --decode and --json"):
+        bench.main(["--table_only", f"--json={path}"])
+    from tools import gpu_tables
     gpu = tmp_path / "gpu"
     rows = bench.main(["--size=small", "--n_layer=1", "--block_size=32", "--vocab_size=97", "--decode",
                        "--runs=vanilla", "--decode_modes=compiled", "--decode_batches=1", "--prompt_tokens=8",
                        "--decode_tokens=4", "--repeats=1", "--device=cpu", f"--json={gpu / 'decode.json'}"])
     assert [(r["label"], r["mode"]) for r in rows] == [("vanilla", "compiled")] and rows[0]["decode_ratio"] == 1.0
-    (line,) = [line for line in bench.decoding_table(rows, bench.parse_args([])).splitlines() if "| vanilla |" in line]
+    (line,) = [line for line in bench.decoding_table(rows, "").splitlines() if "| vanilla |" in line]
     assert line.split(" | ")[4:7] == ["-", f"{rows[0]['decode_tok_s']:,.0f}", "1.00 (1.00-1.00)"]
     assert "| vanilla | - | - | - | - | 1.00 | - | - |" in gpu_tables.summary(str(gpu))
 
@@ -132,7 +148,7 @@ def test_kernels_counts_every_model_file_and_vanilla_s_matmuls(tmp_path, capsys)
     """kernels.py at a tiny shape: a row per model file, and vanilla's matmuls are what its layers make: per layer
     four linears (the fused wqkv, wo, the fused w13, w2), each one matmul forward and two backward, and the head's
     three."""
-    import kernels
+    from tools import kernels
     from conftest import model_names
     path = tmp_path / "kernels.json"
     kernels.main(["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--vocab_size=64",
@@ -150,11 +166,9 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidd
 
 def test_kernels_compiled_counts_are_deterministic(tmp_path):
     """--compiled: inductor's generated kernels, with its caches off, are the same count on a second compile (a
-    cached graph would count 0); fullgraph=True: a graph break would fail here. On the CPU the passes (kernels over a
-    whole activation) are some of the kernels that land in the code, not none and not all (the gradients of the norm
-    weights, one number per channel, are loops of their own), and as deterministic. One layer: compiling is what
-    takes the time."""
-    import kernels
+    cached graph would count 0); fullgraph=True: a graph break would fail here. One layer: compiling is what takes
+    the time."""
+    from tools import kernels
     from common import build_model, load_model_module
     path = tmp_path / "compiled.json"
     kernels.main([*TINY, "--n_layer=1", "--compiled", "--runs", "vanilla", "--json", str(path)])
@@ -162,19 +176,15 @@ def test_kernels_compiled_counts_are_deterministic(tmp_path):
     vanilla = table["models"]["vanilla"]
     assert table["shape"]["compiled"] and vanilla["train"] > 0 and vanilla["decode"] > 0
     shape = dict(n_layer=1, n_head=2, n_kv_head=1, n_embd=16, ffn_hidden=32, vocab_size=64, block_size=16)
-    again = kernels.training_step(build_model(load_model_module("vanilla"), shape, ""), 2, 16, 64, compiled=True)
-    assert again["generated"] == vanilla["train"] and again["passes"] == vanilla["train_passes"]
-    assert again["in_code"] == vanilla["train_in_code"]
-    for part in ("train", "decode"):  # passes are among the kernels in the code, which are among those generated
-        assert 0 < vanilla[f"{part}_passes"] <= vanilla[f"{part}_in_code"] <= vanilla[part]
-    assert vanilla["train_passes"] < vanilla["train_in_code"]
-    assert "| passes, fwd+bwd |" in kernels.main(["--table_only", "--json", str(path)])[2]
+    again = kernels.training_step(build_model(load_model_module("vanilla"), shape), 2, 16, 64, compiled=True)
+    assert again["generated"] == vanilla["train"]
+    assert "| fwd+bwd | x vanilla | decode step |" in kernels.main(["--table_only", "--json", str(path)])[2]
 
 
 def test_kernels_table_only_renders_a_saved_file_as_counted(tmp_path):
     """--table_only prints the table of a JSON file counted elsewhere (a GPU's) from its numbers alone: a count
     changed in the file changes the table; without a file it is one line naming --json."""
-    import kernels
+    from tools import kernels
     saved = json.load(open(os.path.join(ROOT, "results", "kernels_compiled.json")))
     saved["models"]["vertical"]["train"] = 2 * saved["models"]["vanilla"]["train"]
     path = tmp_path / "counted.json"
@@ -182,7 +192,8 @@ def test_kernels_table_only_renders_a_saved_file_as_counted(tmp_path):
     lines = kernels.main(["--table_only", "--json", str(path)])
     row = next(line for line in lines if line.startswith("| vertical |"))
     assert row.split(" | ")[1:3] == [str(saved["models"]["vertical"]["train"]), "2.00"]
-    assert saved["shape"]["command"] in lines[0]
+    # the command the file records, shown as it runs now (a file recorded by the old top-level kernels.py)
+    assert saved["shape"]["command"].split()[2:] == lines[0].split("`python -m tools.kernels ")[1].split("`")[0].split()
     for argv, message in [(["--table_only"], "give --json too"),
                           (["--table_only", "--json", str(tmp_path / "none.json")], "no file")]:
         with pytest.raises(ConfigError, match=message):
@@ -191,12 +202,12 @@ def test_kernels_table_only_renders_a_saved_file_as_counted(tmp_path):
 
 @pytest.mark.slow
 def test_kernels_compiled_counts_see_the_method():
-    """A method's own work shows in the compiled count: attnres-full mixes every sublayer's output, more passes
+    """A method's own work shows in the compiled count: attnres-full mixes every sublayer's output, more kernels
     than vanilla's residual adds."""
-    import kernels
+    from tools import kernels
     from common import build_model, load_model_module
     shape = dict(n_layer=1, n_head=2, n_kv_head=1, n_embd=16, ffn_hidden=32, vocab_size=64, block_size=16)
-    counts = {name: kernels.training_step(build_model(load_model_module(name), {**shape, **extra}, ""), 2, 16, 64,
+    counts = {name: kernels.training_step(build_model(load_model_module(name), {**shape, **extra}), 2, 16, 64,
                                           compiled=True)["generated"]
               for name, extra in [("vanilla", {}), ("attnres", {"attn_res": "full"})]}
     assert counts["attnres"] > counts["vanilla"] > 0
@@ -209,7 +220,7 @@ def test_kernels_compiled_counts_see_the_method():
     (["--compiled", "--model_file", "model_vanilla.py"], "drop --model_file or --compiled"),
 ])
 def test_kernels_refuses_options_before_counting(args, message):
-    import kernels
+    from tools import kernels
     with pytest.raises(ConfigError, match=message):
         kernels.main([*TINY, *args])
 
@@ -217,7 +228,7 @@ def test_kernels_refuses_options_before_counting(args, message):
 def test_kernels_model_file_that_is_no_model_is_one_line(tmp_path):
     """--model_file: a file that is missing, not Python, does not import, or holds neither nanoGPT's nor
     gpt-fast's classes, each refused in one line naming the file."""
-    import kernels
+    from tools import kernels
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "empty.py").write_text("x = 1\n")
@@ -228,28 +239,28 @@ def test_kernels_model_file_that_is_no_model_is_one_line(tmp_path):
 
 
 def test_gpu_tables_commands_parse_with_their_scripts(capsys):
-    """gpu_tables.py --dry_run: every part's command is one that bench.py or kernels.py takes (its own parser
+    """tools/gpu_tables.py --dry_run: every part's command is one that tools/bench.py or tools/kernels.py takes (its own parser
     checks it), each writing its JSON under the --out folder; so is every job of the first phase: the training
     steps' compiles in one pool, the decode steps' compiles and the counts, a label each, in the other, and each
     count's merge, which is its part's own command with --merge. An unknown part is refused before anything runs."""
-    import gpu_tables
-    import kernels
+    from tools import gpu_tables
+    from tools import kernels
     todo = gpu_tables.main(["--dry_run", "--out", "results/gpu"])
     assert list(todo) == list(gpu_tables.PARTS)
     for part, argv in todo.items():
-        script, options = argv[0], argv[1:]
-        (bench if script == "bench.py" else kernels).parse_args(options)
+        script, options = argv[1], argv[2:]
+        (bench if script == "tools.bench" else kernels).parse_args(options)
         assert options[options.index("--json") + 1].startswith("results/gpu/"), part
-    assert bench.parse_args(todo["decode"][1:]).decode_modes == "compiled"  # eager decoding: --decode_eager true
+    assert bench.parse_args(todo["decode"][2:]).decode_modes == "compiled"  # eager decoding: --decode_eager true
     # the first phase compiles each model of each compiling part once, with that part's options, writing nothing
     args = gpu_tables.parse_args([])
     warm = gpu_tables.warm_commands(todo, args)
     assert len(warm) == 3 * 6
     for name, argv in warm:
         part, label = name.split()
-        parsed = bench.parse_args(argv[1:])
+        parsed = bench.parse_args(argv[2:])
         assert parsed.warm_only and parsed.runs == label and not parsed.json and not parsed.update_readme
-        measured = vars(bench.parse_args(todo[part][1:]))
+        measured = vars(bench.parse_args(todo[part][2:]))
         changed = {k for k, v in vars(parsed).items() if v != measured[k]}
         assert changed <= {"runs", "warm_only", "json", "update_readme"}
     heavy, light, merges = gpu_tables.first_jobs(todo, args)
@@ -259,10 +270,10 @@ def test_gpu_tables_commands_parse_with_their_scripts(capsys):
     for part, merge in merges:  # each label counted alone into the folder that the merge joins
         counts = [(name, argv) for name, argv in light if name.split()[0] == part]
         assert [name for name, _ in counts] == [f"{part} {label}" for label in labels]
-        merged = kernels.parse_args(merge[1:])
+        merged = kernels.parse_args(merge[2:])
         assert merge[:-2] == todo[part] and merged.merge == f"results/gpu/logs/{part}" and merged.update_readme
         for (name, argv), label in zip(counts, labels):
-            one = kernels.parse_args(argv[1:])
+            one = kernels.parse_args(argv[2:])
             assert [r[0] for r in one.labels] == [label] and not one.with_vanilla and not one.update_readme
             assert one.json == os.path.join(merged.merge, f"{label}.json")
             assert {k for k, v in vars(one).items() if v != vars(merged)[k]} <= {
@@ -278,9 +289,9 @@ def test_gpu_tables_first_phase_reports_what_failed(capsys, tmp_path):
     """The first phase runs its processes side by side and says how each ended: a failed count fails its part (the
     command then fails), which is then not merged; a failed compile is only reported (its timed part compiles again
     and fails itself)."""
-    import gpu_tables
-    todo = {"kernels": ["kernels.py", "--size", "huge", "--json", str(tmp_path / "kernels.json")],
-            "compiled": ["bench.py", "--size", "huge"]}
+    from tools import gpu_tables
+    todo = {"kernels": ["-m", "tools.kernels", "--size", "huge", "--json", str(tmp_path / "kernels.json")],
+            "compiled": ["-m", "tools.bench", "--size", "huge"]}
     failed = gpu_tables.first_phase(todo, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]), tmp_path)
     out = capsys.readouterr().out
     assert failed == ["kernels"]
@@ -295,10 +306,10 @@ def test_gpu_tables_counts_a_label_a_process_and_merges_them_into_one_run_s_file
     that the part's command writes in one process (its command included, which names that command), and the merge
     prints its table. A merge with a part missing, or counted at another shape, is refused in one line; the command
     it names counts the missing part."""
-    import gpu_tables
-    import kernels
+    from tools import gpu_tables
+    from tools import kernels
     path = tmp_path / "kernels.json"
-    argv = ["kernels.py", *TINY, "--runs", "vanilla,vertical", "--json", str(path)]
+    argv = ["-m", "tools.kernels", *TINY, "--runs", "vanilla,vertical", "--json", str(path)]
     subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True)
     one_run = path.read_bytes()
     path.unlink()
@@ -308,11 +319,11 @@ def test_gpu_tables_counts_a_label_a_process_and_merges_them_into_one_run_s_file
     assert "| vertical | " in capsys.readouterr().out
     folder = str(tmp_path / "logs" / "kernels")
     with pytest.raises(ConfigError, match="has n_layer 2 where this command .* has 3"):
-        kernels.main([*argv[1:], "--n_layer=3", "--merge", folder])
+        kernels.main([*argv[2:], "--n_layer=3", "--merge", folder])
     more = [*TINY, "--runs", "vertical,attnres", "--json", str(tmp_path / "more.json"), "--merge", folder]
     with pytest.raises(ConfigError, match="attnres.json does not exist; count it: `") as missing:
         kernels.main(more)
-    kernels.main(shlex.split(str(missing.value).split("`")[1])[2:])  # the command it names, less `python kernels.py`
+    kernels.main(shlex.split(str(missing.value).split("`")[1])[3:])  # the command it names, less `python -m tools.kernels`
     lines = kernels.main(more)
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| vanilla", "| vertical", "| attnres"]
 
@@ -326,7 +337,7 @@ def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp
         bench.main(["--warm_only", "--compile", "--json", str(tmp_path / "x.json")])
     with pytest.raises(ConfigError, match="compiled among --decode_modes"):  # eager decoding compiles nothing
         bench.main(["--warm_only", "--decode", "--decode_modes", "eager", "--runs", "vanilla"])
-    script = ("import bench, torch\nfrom torch._dynamo.utils import counters\n"
+    script = ("import torch\nfrom tools import bench\nfrom torch._dynamo.utils import counters\n"
               "bench.main(['--device', 'cpu', '--compile', '--warm_only', '--runs', 'vanilla', '--n_layer', '1', "
               "'--block_size', '16', '--batch_size', '1', '--vocab_size', '64', '--warmup', '1'])\n"
               "print('hits', counters['inductor']['fxgraph_cache_hit'], 'misses', "
@@ -342,10 +353,10 @@ def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp
 
 def test_gpu_tables_summary_reads_every_table(tmp_path):
     """--summary: one row per label of the JSON files, vanilla's ratios 1, and a part not run shown as '-'."""
-    import gpu_tables
+    from tools import gpu_tables
     table = gpu_tables.main(["--summary", "--out", os.path.join(ROOT, "results", "h100"), "--update_readme", "false"])
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
     assert {"vanilla", "vertical", "aila", "attnres", "skiplayer", "skipmiddle"} <= set(rows)
     assert rows["vanilla"][1] == "1.00" and rows["vanilla"][-1] == "- |"
-    with pytest.raises(ConfigError, match="no bench.py JSON file"):
+    with pytest.raises(ConfigError, match="no tools/bench.py JSON file"):
         gpu_tables.main(["--summary", "--out", str(tmp_path)])

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import common
+from common import model_from_checkpoint
+from plumbing.checkpoints import split_fused
 import train
 from conftest import ROOT, model_cases, model_names
 from generate import generate
@@ -102,7 +103,7 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
             p.add_(0.01 * torch.randn_like(p))
     path = str(tmp_path / "ckpt.pt")
     train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": model.state_dict()})
-    loaded, _, _ = common.model_from_checkpoint(path)
+    loaded, _, _ = model_from_checkpoint(path)
     idx = torch.randint(0, TINY["vocab_size"], (2, 24))
     assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
     assert all("module." not in k and "_orig_mod" not in k for k in torch.load(path)["model"])
@@ -111,14 +112,14 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
     state = {k: t.clone() for k, t in model.state_dict().items()}
     older = {}
     for k, t in state.items():
-        older.update(common.split_fused({k: t}, model.config) if ".mlp.w13." in k else {k: t})
-    oldest = common.split_fused(state, model.config)
+        older.update(split_fused({k: t}, model.config) if ".mlp.w13." in k else {k: t})
+    oldest = split_fused(state, model.config)
     assert any(k.endswith("mlp.w3.weight") for k in older) and not any("w13" in k for k in older)
     assert any(k.endswith("attn.wqkv.weight") for k in older)
     assert any(k.endswith("attn.wk.weight") for k in oldest) and not any("wqkv" in k for k in oldest)
     for weights in (older, oldest):
         train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": weights})
-        loaded, _, _ = common.model_from_checkpoint(path)
+        loaded, _, _ = model_from_checkpoint(path)
         assert torch.equal(model(idx)[0], loaded.eval()(idx)[0])
 
 

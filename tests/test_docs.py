@@ -1,6 +1,6 @@
 """The pages: every command in README.md and docs/*.md names a script that exists and only options that script
 (and, for train.py, the model file it names) has; every generated table's markers are in exactly one page, which
-common.update_readme rewrites; the README stays short and opens on the wiring figure."""
+tools.tables.update_readme rewrites; the README stays short and opens on the wiring figure."""
 import contextlib
 import glob
 import importlib
@@ -13,14 +13,16 @@ import pytest
 
 import common
 from conftest import ROOT
+from tools import tables
 
 PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 LOOP = re.compile(r"for (\w+) in ([^;]+); do (.+); done")
 
 
 def commands(text):
-    """Every `python X.py ...` or `torchrun ... X.py ...` command of a page: the lines of its sh blocks (a trailing
-    backslash continues a line) and its inline code spans; a for loop's body with its first value."""
+    """Every `python X.py ...`, `python -m folder.X ...` (as folder/X.py) or `torchrun ... X.py ...` command of a
+    page: the lines of its sh blocks (a trailing backslash continues a line) and its inline code spans; a for loop's
+    body with its first value."""
     found = []
     for block in re.findall(r"```sh\n(.*?)```", text, re.S):
         found += block.replace("\\\n", " ").splitlines()
@@ -40,6 +42,8 @@ def commands(text):
                 words = words[1:]
             if words[:1] == ["python"] and len(words) > 1 and words[1].endswith(".py"):
                 out.append((words[1], words[2:]))
+            elif words[:2] == ["python", "-m"] and os.path.isdir(os.path.join(ROOT, words[2].split(".")[0])):  # tools
+                out.append((words[2].replace(".", "/") + ".py", words[3:]))
             elif words[:1] == ["torchrun"]:
                 i = next(i for i, w in enumerate(words) if w.endswith(".py"))
                 out.append((words[i], words[i + 1:]))
@@ -55,7 +59,7 @@ def quiet():
 def options_of(script, argv):
     """The options a script's own --help defines (train.py: with those of the model file argv names, or of every
     model file where it names a placeholder such as NAME)."""
-    module = importlib.import_module(script[:-3])
+    module = importlib.import_module(script[:-3].replace("/", "."))
     model = argv[argv.index("--model") + 1] if "--model" in argv else None
     models = [model] if model in common.model_names() else common.model_names() if model else [None]
     known = set()
@@ -87,12 +91,15 @@ def test_every_command_names_a_script_and_options_that_exist():
 
 
 def test_a_misspelt_option_is_caught():
-    text = "```sh\npython eval.py --out_dir out/x --wirring\n```\nand `python train.py --model vertical --va_lrr 1`"
+    text = ("```sh\npython eval.py --out_dir out/x --wirring\n```\nand `python train.py --model vertical --va_lrr 1`"
+            " or `python -m tools.bench --size small --runz x`")
     found = commands(text)
     assert found == [("eval.py", ["--out_dir", "out/x", "--wirring"]),
-                     ("train.py", ["--model", "vertical", "--va_lrr", "1"])]
+                     ("train.py", ["--model", "vertical", "--va_lrr", "1"]),
+                     ("tools/bench.py", ["--size", "small", "--runz", "x"])]
     assert "--wirring" not in options_of("eval.py", found[0][1]) and "--wiring" in options_of("eval.py", [])
     assert "--va_lr" in options_of("train.py", found[1][1]) and "--va_lr" not in options_of("train.py", [])
+    assert "--runz" not in options_of(*found[2]) and "--runs" in options_of(*found[2])
 
 
 def test_each_generated_table_lives_in_one_page_and_is_rewritten_there(tmp_path, monkeypatch):
@@ -108,12 +115,12 @@ def test_each_generated_table_lives_in_one_page_and_is_rewritten_there(tmp_path,
     (tmp_path / "README.md").write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\n")
     (tmp_path / "docs" / "benchmarks.md").write_text("a\n<!-- results/kernels.json:start -->\nold\n"
                                                     "<!-- results/kernels.json:end -->\nb\n")
-    monkeypatch.setattr(common, "HERE", str(tmp_path))
-    assert common.update_readme("new\n", "results/kernels.json") == [str(tmp_path / "docs" / "benchmarks.md")]
+    monkeypatch.setattr(tables, "ROOT", str(tmp_path))
+    assert tables.update_readme("new\n", "results/kernels.json") == [str(tmp_path / "docs" / "benchmarks.md")]
     assert (tmp_path / "docs" / "benchmarks.md").read_text() == ("a\n<!-- results/kernels.json:start -->\nnew\n"
                                                                  "<!-- results/kernels.json:end -->\nb\n")
     assert "old" in (tmp_path / "README.md").read_text()
-    assert common.update_readme("x\n", "results/none") == []  # no page holds it: a note, nothing written
+    assert tables.update_readme("x\n", "results/none") == []  # no page holds it: a note, nothing written
 
 
 def test_the_readme_is_short_and_opens_on_the_wiring_figure():

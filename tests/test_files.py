@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import export
+from hf import export
 import train
 from conftest import run_script
 from test_errors import TINY, assert_one_error_line, checksums, write_data_set
@@ -75,7 +75,7 @@ READERS = {
                                                                    f"{r}/data", "--out_dir", f"{r}/new",
                                                                    "--max_iters=0", "--block_size=32"]),
                    None, None),
-    "results": ("results/results.json", lambda r: ("sweep.py", ["--table_only", f"--results={r}/results",
+    "results": ("results/results.json", lambda r: ("tools/sweep.py", ["--table_only", f"--results={r}/results",
                                                                 f"--data_dir={r}/data", "--reuse=", "--block_size=32",
                                                                 "--device=cpu"]),
                 lambda t: t.replace('"runs": []', '"runs": "none"'),

@@ -1,4 +1,4 @@
-"""Hugging Face models in and out (hf.py): train.py --init_from DIR, export.py and prepare.py --tokenizer hf:DIR,
+"""Hugging Face models in and out (hf/convert.py): train.py --init_from DIR, hf/export.py and prepare.py --tokenizer hf:DIR,
 checked against transformers' own LlamaForCausalLM and Qwen3ForCausalLM. The models are tiny and random, made and
 saved here (offline); the data is the real Shakespeare set from prepare.py (byte tokenizer, vocab 257, so the
 folders have vocab_size 257), and one test makes its own tokenizer.json with `tokenizers`."""
@@ -18,9 +18,10 @@ transformers = pytest.importorskip("transformers", reason="tests/test_hf.py comp
                                    "pip install -r requirements-eval.txt")
 pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
-import export
-import hf
-import common
+from common import load_model_module, model_from_checkpoint
+from hf import convert, export
+from plumbing.checkpoints import split_fused
+from plumbing.files import read_meta
 import train
 from conftest import ROOT, model_names, run_script
 from generate import generate
@@ -79,7 +80,7 @@ def imported(hf_models, data_dir, tmp_path_factory):
 
 
 def load_run(run):
-    model, _, ckpt = common.model_from_checkpoint(run)
+    model, _, ckpt = model_from_checkpoint(run)
     return model.eval(), ckpt
 
 
@@ -112,9 +113,9 @@ def test_logits_gradients_and_greedy_tokens_match_transformers(arch, hf_models, 
     ref_loss.backward()
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     theirs = dict(ref.named_parameters())
-    grads = common.split_fused({name: p.grad for name, p in ours.named_parameters()}, ours.config)  # q_proj, ...
+    grads = split_fused({name: p.grad for name, p in ours.named_parameters()}, ours.config)  # q_proj, ...
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, theirs[hf.to_hf_name(name)].grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(grad, theirs[convert.to_hf_name(name)].grad, rtol=1e-4, atol=1e-5)
     ref.zero_grad(set_to_none=True)
     # greedy decoding: ours with its key/value cache, theirs with their cache
     prompt = x[:, :8]
@@ -160,12 +161,12 @@ MORE = {"skiplayer": [(dict(skip_heads=0), "function-preserving, exactly")],
 
 def start_from(name, folder, meta, **overrides):
     """A model_<name>.py GPT built and loaded as train.py --init_from builds it (seeded)."""
-    module = common.load_model_module(name)
+    module = load_model_module(name)
     args = {f.name: f.default for f in dataclasses.fields(module.GPTConfig)} | overrides | {"block_size": 64}
-    args = hf.init_args(folder, module, args, [], meta)
+    args = convert.init_args(folder, module, args, [], meta)
     torch.manual_seed(0)
     model = module.GPT(module.GPTConfig(**args))
-    hf.load_folder(model, folder)
+    convert.load_folder(model, folder)
     return model.eval()
 
 
@@ -174,7 +175,7 @@ def test_step_zero_claims(name, hf_models, data_dir, capsys, record_property):
     doc = " ".join(open(os.path.join(ROOT, "docs", f"{name}.md")).read().split())  # where each file's notes are
     assert f"Step 0 from a pretrained model (train.py --init_from) is {CLAIMS[name]}" in doc
     folder = hf_models["qwen3"][0]
-    meta = common.read_meta(data_dir, "shakespeare")
+    meta = read_meta(data_dir, "shakespeare")
     x = ids()
     for overrides, claim in [({}, CLAIMS[name])] + MORE.get(name, []):
         models = [start_from(n, folder, meta, **o) for n, o in (("vanilla", {}), (name, overrides))]
@@ -278,7 +279,7 @@ def test_export_refuses_a_full_folder(hf_models, data_dir, tmp_path, capsys):
          "--max_iters=0", *RUN)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    code, _, err = run_script("export.py", ["--out_dir", run, "--to", tmp_path / "full"], capsys)
+    code, _, err = run_script("hf/export.py", ["--out_dir", run, "--to", tmp_path / "full"], capsys)
     assert_one_error_line(code, err, "exists and is not an empty folder")
     assert not (tmp_path / "to").exists() and os.listdir(tmp_path / "full") == ["keep.txt"]
 
@@ -303,7 +304,7 @@ def test_hf_tokenizer_from_prepare_to_sample_and_export(tmp_path, capsys):
     eot = tok.token_to_id("<|endoftext|>")
     assert meta["tokenizer"] == f"hf:{os.path.abspath(folder)}" and meta["vocab_size"] == tok.get_vocab_size()
     assert meta["eot_token"] == eot
-    encode, decode, _, _ = hf.get_tokenizer(str(folder))
+    encode, decode, _, _ = convert.get_tokenizer(str(folder))
     # one document: train holds its first tokens, val the last ones and the end-of-text token
     tokens = np.concatenate([np.fromfile(data / "some" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
     assert tokens[-1] == eot and decode(tokens[:-1].tolist()) == TEXT * 40
@@ -341,5 +342,5 @@ def test_a_config_without_num_key_value_heads_is_multi_head_attention(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     del config["num_key_value_heads"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    args = hf.read_config(str(tmp_path))
+    args = convert.read_config(str(tmp_path))
     assert args["n_kv_head"] == args["n_head"] == SIZES["num_attention_heads"]

@@ -20,9 +20,8 @@ transformers = pytest.importorskip("transformers", reason="the exported folders 
                                    "pip install -r requirements-eval.txt")
 pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
-import common
-import export
-import hf
+from common import model_from_checkpoint
+from hf import convert, export
 import train
 from conftest import ROOT, model_cases, run_script
 from generate import generate
@@ -62,7 +61,7 @@ def test_export_loads_in_transformers_computes_the_same_and_comes_back(name, var
     run = make_run(name, overrides, data_dir, tmp_path / "run")
     folder = tmp_path / "hf"
     export.main(["--out_dir", str(run), "--to", str(folder)])
-    ours, _, _ = common.model_from_checkpoint(str(run))
+    ours, _, _ = model_from_checkpoint(str(run))
     ours.eval()
     if name == "vanilla":
         assert json.load(open(folder / "config.json"))["model_type"] in ("llama", "qwen3")
@@ -127,7 +126,7 @@ def test_a_padded_batch_computes_what_each_row_computes_alone(name, variant, ove
     run = make_run(name, overrides, data_dir, tmp_path / "run")
     folder = tmp_path / "hf"
     export.main(["--out_dir", str(run), "--to", str(folder)])
-    ours, _, _ = common.model_from_checkpoint(str(run))
+    ours, _, _ = model_from_checkpoint(str(run))
     ours.eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True).eval()
@@ -204,7 +203,7 @@ def test_the_byte_tokenizer_is_a_tokenizer_json_that_transformers_loads(data_dir
         assert {f: os.stat(folder / f).st_mode & 0o777 for f in os.listdir(folder)} == \
             {f: 0o666 & ~umask for f in os.listdir(folder)}
         vocab = json.load(open(folder / "tokenizer.json"))["model"]["vocab"]
-        assert vocab == {hf.bytes_to_unicode()[b]: b for b in range(256)}
+        assert vocab == {convert.bytes_to_unicode()[b]: b for b in range(256)}
         capfd.readouterr()
         tokenizers = [transformers.AutoTokenizer.from_pretrained(str(folder), **trust),
                       transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))]  # tokenizer files only
@@ -245,7 +244,7 @@ def test_a_gpt2_run_exports_gpt2s_tokenizer_from_tiktokens_files_or_is_refused(d
 
     for k, v in {**OFFLINE, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty")}.items():
         monkeypatch.setenv(k, v)  # tiktoken has to download GPT-2's files, and cannot
-    code, _, err = run_script("export.py", ["--out_dir", run, "--to", tmp_path / "refused"], capsys)
+    code, _, err = run_script("hf/export.py", ["--out_dir", run, "--to", tmp_path / "refused"], capsys)
     assert_one_error_line(code, err, "pass --tokenizer DIR")
     assert not (tmp_path / "refused").exists()
 
@@ -261,7 +260,7 @@ def test_a_gpt2_run_exports_gpt2s_tokenizer_from_tiktokens_files_or_is_refused(d
         assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == 400
         ids = tokenizer(held_out)["input_ids"]
         assert ids == enc.encode_ordinary(held_out) and tokenizer.decode(ids) == held_out
-    code, _, err = run_script("export.py", ["--out_dir", run, "--to", tmp_path / "other", "--tokenizer",
+    code, _, err = run_script("hf/export.py", ["--out_dir", run, "--to", tmp_path / "other", "--tokenizer",
                                             tmp_path / "made-not"], capsys)
     assert_one_error_line(code, err, "has no tokenizer.json")
 
@@ -279,7 +278,7 @@ def test_the_readme_hub_snippet_runs_as_written(data_dir, tmp_path, monkeypatch,
     capsys.readouterr()
     exec(compile(snippet, "docs/huggingface.md", "exec"), {})
     greedy, sampled = capsys.readouterr().out.removesuffix("\n").rsplit("\n", 1)
-    ours, _, _ = common.model_from_checkpoint(str(run))
+    ours, _, _ = model_from_checkpoint(str(run))
     want = generate(ours.eval(), torch.tensor([list(b"ROMEO:")]), 100, temperature=0)[0].tolist()
     assert 256 not in want and greedy == decode_bytes(want)  # past the context of 32: the window restarts
     prompts, sampled = ["ROMEO:", "JULIET:\nO Romeo"], ast.literal_eval(sampled)  # (unseeded: any continuation)
@@ -343,7 +342,7 @@ def test_lm_eval_hf_model_type_agrees_with_eval_py_at_any_batch_size(name, token
     assert results[1]["shakespeare_mc acc"] == pytest.approx(ours["acc,none"], abs=1e-12)
     assert results[1]["shakespeare_mc acc_norm"] == pytest.approx(ours["acc_norm,none"], abs=1e-12)
     # each continuation: generate.py's greedy tokens after the context (its last 32 - 8 tokens), up to a newline
-    model, _, ckpt = common.model_from_checkpoint(str(run))
+    model, _, ckpt = model_from_checkpoint(str(run))
     encode, decode, _, eot = prepare.get_tokenizer(ckpt["meta"]["tokenizer"])
     for context, response in responses[1].items():
         ids = encode(context)[-24:]

@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 
-import bench
+from tools import bench
 import eval as evalpy
-import export
+from hf import export
 import prepare
 import sample
-import sweep
+from tools import sweep
 import train
 from common import load_model_module, model_names
 from conftest import run_script
@@ -44,16 +44,16 @@ def cases():
     for f in dataclasses.fields(evalpy.EvalConfig):
         out.append(("eval.py", f.name, f.type, ["--out_dir={run}", "--tokens=20", "--device=cpu"]))
     for f in dataclasses.fields(bench.BenchConfig):
-        out.append(("bench.py", f.name, f.type, ["--size=small", "--runs=vanilla", "--block_size=8", "--batch_size=1",
+        out.append(("tools/bench.py", f.name, f.type, ["--size=small", "--runs=vanilla", "--block_size=8", "--batch_size=1",
                                                  "--warmup=0", "--iters=1", "--repeats=1", "--sample_tokens=1",
                                                  "--vocab_size=64", "--device=cpu"]))
     for f in dataclasses.fields(sweep.SweepConfig):
-        out.append(("sweep.py", f.name, f.type, ["--table_only", "--data_dir={data}", "--results=res", "--reuse=",
+        out.append(("tools/sweep.py", f.name, f.type, ["--table_only", "--data_dir={data}", "--results=res", "--reuse=",
                                                  "--runs_dir=runs", "--runs=vanilla", "--n_layer=1", "--block_size=8",
                                                  "--batch_size=1", "--train_iters=1", "--eval_points=1", "--seeds=1",
                                                  "--train_args=--eval_iters=1", "--device=cpu"]))
     for f in dataclasses.fields(export.ExportConfig):
-        out.append(("export.py", f.name, f.type, ["--out_dir={run}", "--to=exported"]))
+        out.append(("hf/export.py", f.name, f.type, ["--out_dir={run}", "--to=exported"]))
     for f in dataclasses.fields(prepare.PrepareConfig):
         out.append(("prepare.py", f.name, f.type, ["--files={text}", "--num_proc=1", "--out_dir=data"]))
     return out
@@ -105,7 +105,7 @@ EXACT = [  # (script, arguments, what the one line must say): no prefix of an op
     ("train.py", ["--model", "vertical", "--skip_heads", "2"], "--skip_heads is an option of model_skiplayer.py"),
     ("train.py", ["{preset}"], "did you mean --n_layer?; --va_lr is an option of model_vertical.py"),
     ("sample.py", ["--out_dri", "x"], "did you mean --out_dir?"),
-    ("kernels.py", ["--n_lay", "2"], "did you mean --n_layer?"),
+    ("tools/kernels.py", ["--n_lay", "2"], "did you mean --n_layer?"),
 ]
 
 

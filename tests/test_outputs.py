@@ -17,11 +17,11 @@ from test_errors import assert_one_error_line
 OUTPUTS = {
     "train.py": [("out_dir", "folder")],
     "prepare.py": [("out_dir", "folder")],
-    "bench.py": [("json", "file")],
+    "tools/bench.py": [("json", "file")],
     "eval.py": [("plot_path", "file")],
-    "export.py": [("to", "folder")],
-    "sweep.py": [("results", "folder"), ("runs_dir", "folder")],
-    "kernels.py": [("json", "file")],
+    "hf/export.py": [("to", "folder")],
+    "tools/sweep.py": [("results", "folder"), ("runs_dir", "folder")],
+    "tools/kernels.py": [("json", "file")],
 }
 UNWRITABLE = "/sys/outputs-test"  # sysfs takes no new file, also for root (a chmod'ed folder would not stop root)
 
@@ -48,7 +48,7 @@ def test_a_bad_output_path_is_one_line_before_any_work(script, option, kind, way
     if way == "cannot be written" and not os.path.isdir("/sys"):
         pytest.skip("no /sys here to stand for a folder that cannot be written")
     path = dict(bad_paths(tmp_path, kind))[way]
-    extra = ["--out_dir", str(tmp_path / "run")] if script == "export.py" else []
+    extra = ["--out_dir", str(tmp_path / "run")] if script == "hf/export.py" else []
     before = sorted(os.listdir(tmp_path))
     if "\0" in path:  # a command line cannot hold a NUL byte: run in this process
         code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)
@@ -68,11 +68,13 @@ def hint(err):
 
 
 def run(command, cwd, timeout=300, env=None):
-    """The command as printed (`python X.py ...` runs this repository's X.py), in cwd."""
+    """The command as printed (`python X.py ...` runs this repository's X.py, `python -m tools.X ...` its module),
+    in cwd."""
     words = shlex.split(command)
-    assert words[0] == "python" and words[1].endswith(".py"), command
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, words[1]), *words[2:]], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    assert words[0] == "python" and (words[1].endswith(".py") or words[1] == "-m"), command
+    script = words[1:3] if words[1] == "-m" else [os.path.join(ROOT, words[1])]
+    proc = subprocess.run([sys.executable, *script, *words[len(script) + 1:]], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -202,7 +204,7 @@ def test_a_split_too_small_for_any_block_size_asks_for_more_text(sandbox, tmp_pa
     assert code == 1 and "lower --block_size" not in out and "prepare more text" in out, out
 
 
-@pytest.mark.parametrize("script", ["sample.py", "eval.py", "export.py", "sweep.py", "bench.py"])
+@pytest.mark.parametrize("script", ["sample.py", "eval.py", "hf/export.py", "tools/sweep.py", "tools/bench.py"])
 def test_an_unknown_option_gets_no_unrelated_did_you_mean(script, capsys):
     code, _, err = run_script(script, ["--model", "vanilla"], capsys)
     assert code == 1 and "did you mean" not in err, err
@@ -220,19 +222,19 @@ def test_a_run_resumed_past_max_iters_says_so(sandbox):
 def test_the_stop_and_divergence_lines_name_only_what_helps():
     """--resume only where a checkpoint was written; --dtype float32 only where the run computed in another dtype."""
     import types
-    from train_setup import divergence_message, stopped
+    from plumbing.errors import diverged, stopped
     cfg, proc = types.SimpleNamespace(out_dir="run"), types.SimpleNamespace(world=1)
     assert "continue with --resume" in str(stopped(KeyboardInterrupt(), 3, 2, cfg, proc))
     unsaved = str(stopped(KeyboardInterrupt(), 3, None, cfg, proc))
     assert "--resume" not in unsaved and "run the same command again" in unsaved
     import train
     cfg = train.parse_args(["--out_dir", "run"])[0]
-    assert "--dtype float32" in divergence_message("loss", float("nan"), 1, cfg, {}, set(), None, "bfloat16")
-    assert "--dtype float32" not in divergence_message("loss", float("nan"), 1, cfg, {}, set(), None, "float32")
+    assert "--dtype float32" in str(diverged("loss", float("nan"), 1, cfg, {}, set(), None, "bfloat16"))
+    assert "--dtype float32" not in str(diverged("loss", float("nan"), 1, cfg, {}, set(), None, "float32"))
 
 
-@pytest.mark.parametrize("module", ["common.py", "generate.py", "hf.py", "train_setup.py", "model_vanilla.py",
-                                    "model_vertical.py"])
+@pytest.mark.parametrize("module", ["common.py", "generate.py", "hf/convert.py", "plumbing/options.py",
+                                    "tools/tables.py", "model_vanilla.py", "model_vertical.py"])
 def test_a_library_module_run_as_a_script_says_which_script_to_run(module, sandbox):
     code, out = run(f"python {module} --help", sandbox)
     assert code == 1 and ("not a script" in out or "library module" in out), out
@@ -244,8 +246,8 @@ def test_a_library_module_run_as_a_script_says_which_script_to_run(module, sandb
 
 
 def test_a_required_option_shows_no_default(capsys):
-    code, out, _ = run_script("export.py", ["--help"], capsys)
+    code, out, _ = run_script("hf/export.py", ["--help"], capsys)
     line = " ".join(out.split("--to STR", 1)[1].split("--dtype")[0].split())
     assert code == 0 and "default" not in line, line
-    code, _, err = run_script("export.py", [], capsys)
+    code, _, err = run_script("hf/export.py", [], capsys)
     assert_one_error_line(code, err, "--to")

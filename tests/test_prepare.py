@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import prepare
-from common import ConfigError
 from conftest import ROOT
+from plumbing.errors import ConfigError
 
 
 def run(*args, env=None):

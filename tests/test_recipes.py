@@ -9,8 +9,9 @@ import shlex
 import pytest
 import torch
 
-import common
-import export
+from hf import export
+from plumbing.errors import ConfigError
+from plumbing.options import read_config_file
 import prepare
 import sample
 import train
@@ -69,9 +70,10 @@ def parsed_commands():
                 script, argv = "train.py", words[words.index("train.py") + 1:]
             else:
                 assert words[0] == "python", single
-                script, argv = words[1], words[2:]
+                module = words[1] == "-m"  # python -m hf.export: hf/export.py
+                script, argv = (words[2].replace(".", "/") + ".py", words[3:]) if module else (words[1], words[2:])
             parse = {"train.py": train.parse_args, "prepare.py": prepare.parse_args, "eval.py": evalpy.parse_args,
-                     "sample.py": sample.parse_args, "export.py": export.parse_args}[script]
+                     "sample.py": sample.parse_args, "hf/export.py": export.parse_args}[script]
             out.append((paper, script, argv, parse(argv)))
     return out
 
@@ -177,13 +179,13 @@ def test_a_recipe_trains_through_train_py(data_dir, tmp_path):
 
 def test_a_size_preset_layers_on_its_recipe(tmp_path):
     """base = "x.py" reads the preset beside it first: a size's file holds only what differs; a loop is refused."""
-    read = lambda name: common.read_config_file(os.path.join(ROOT, "config", name))  # noqa: E731
+    read = lambda name: read_config_file(os.path.join(ROOT, "config", name))  # noqa: E731
     assert read("fineweb_edu_100m.py") == {**read("fineweb_edu_50m.py"), "size": "100m"}
     large, small = read("openwebtext_gpt2_large.py"), read("openwebtext_gpt2_small.py")
     assert large["n_layer"] == 36 and large["max_iters"] == small["max_iters"] and "base" not in large
     (tmp_path / "a.py").write_text('base = "b.py"\nmax_iters = 5\n')
     (tmp_path / "b.py").write_text('base = "a.py"\n')
-    with pytest.raises(common.ConfigError, match="leads back to it"):
-        common.read_config_file(str(tmp_path / "a.py"))
+    with pytest.raises(ConfigError, match="leads back to it"):
+        read_config_file(str(tmp_path / "a.py"))
     (tmp_path / "b.py").write_text('max_iters = 7\nbatch_size = 3\n')
-    assert common.read_config_file(str(tmp_path / "a.py")) == {"max_iters": 5, "batch_size": 3}
+    assert read_config_file(str(tmp_path / "a.py")) == {"max_iters": 5, "batch_size": 3}

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
 from model_vanilla import RMSNorm, RMSNormFunction
+from tools import kernels
 
 
 def chained(x, weight, eps):

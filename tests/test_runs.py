@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
-import common
 import train
+from plumbing import checks
+from plumbing.checkpoints import read_checkpoint
 from conftest import ROOT, run_script
 from test_errors import TINY, assert_one_error_line, checksums, shakespeare_sample
 
@@ -103,7 +104,7 @@ def test_a_new_run_moves_an_old_log_aside(data, tmp_path):
 def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)
-    holder = train.lock_out_dir(str(run))  # as a run in progress holds it
+    holder = checks.lock_out_dir(str(run))  # as a run in progress holds it
     try:
         before = checksums(run)
         code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume",
@@ -205,5 +206,5 @@ def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1 and "another process of this run stopped" in ours[0] and "is kept in" in ours[0], err[-3000:]
     assert "[rank" not in err  # no worker's traceback (torchrun's own report of the killed worker follows)
-    common.read_checkpoint(str(run / "ckpt.pt"))
+    read_checkpoint(str(run / "ckpt.pt"))
     assert all("iter" in r for r in records(run / "log.jsonl"))

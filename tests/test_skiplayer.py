@@ -14,7 +14,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model_skiplayer as sla  # noqa: E402
 import model_vanilla as vanilla  # noqa: E402
-from common import make_config, qkv_rows  # noqa: E402
+from plumbing.checkpoints import qkv_rows  # noqa: E402
+from plumbing.config import make_config  # noqa: E402
 from generate import generate  # noqa: E402
 
 SHAPE = dict(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)

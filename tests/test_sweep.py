@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-import sweep
 from conftest import ROOT
+from tools import sweep
 from train import ConfigError
 
 
@@ -119,8 +119,8 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
     table = open(tmp_path / "results" / "RESULTS.md").read()
     assert f"| vertical | 2 | {by['vertical']['mean']:.4f} ± {by['vertical']['std']:.4f} |" in table
     assert "| vanilla | 2 |" in table and "In progress" not in table
-    assert "--max_runs" not in table and "`python sweep.py --size=small" in table and "--runs=vertical" in table
-    assert saved["command"][0] == "sweep.py"
+    assert "--max_runs" not in table and "`python -m tools.sweep --size=small" in table and "--runs=vertical" in table
+    assert saved["command"][:2] == ["-m", "tools.sweep"]
     try:
         import matplotlib  # noqa: F401
         assert (tmp_path / "results" / "curves.png").stat().st_size > 10_000
@@ -233,7 +233,7 @@ def test_every_ablation_on_a_tiny_run(tiny_data, tmp_path):
     assert rows["dense-1"]["delta"] is None and rows["gated-0.0"]["n_pairs"] == 2  # against the dense frontier
     table = open(tmp_path / "results" / "ablations" / "skipmiddle" / "RESULTS.md").read()
     assert "Learning to Skip the Middle Layers" in table and "| dense-1 | 2 |" in table and "(reference)" in table
-    assert "`python sweep.py --ablation skipmiddle --block_size=32" in table and "--runs=" in table
+    assert "`python -m tools.sweep --ablation skipmiddle --block_size=32" in table and "--runs=" in table
     assert "In progress" not in table
     try:
         import matplotlib  # noqa: F401

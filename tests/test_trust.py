@@ -46,9 +46,9 @@ class Payload:
 READERS = [
     ("sample.py", ["--num_samples=1", "--max_new_tokens=2"]),
     ("eval.py", []),
-    ("export.py", ["--to", "{tmp}/exported"]),
+    ("hf/export.py", ["--to", "{tmp}/exported"]),
     ("train.py", ["--resume", "--max_iters=4", "--data_dir", "{data}", *TINY]),
-    ("bench.py", ["--close_gates=0", "--sample_tokens=2"]),  # --checkpoint: the option reads the run's ckpt.pt
+    ("tools/bench.py", ["--close_gates=0", "--sample_tokens=2"]),  # --checkpoint: the option reads the run's ckpt.pt
 ]
 
 
@@ -61,7 +61,7 @@ def test_a_checkpoint_with_a_pickled_callable_runs_nothing(script, args, run, da
     ckpt["meta"]["note"] = Payload(marker)  # where a careless loader would find it: beside the tokenizer's name
     torch.save(ckpt, hostile / "ckpt.pt")
     before = checksums(tmp_path)
-    option = "--checkpoint" if script == "bench.py" else "--out_dir"
+    option = "--checkpoint" if script == "tools/bench.py" else "--out_dir"
     args = [a.format(tmp=tmp_path, data=data) for a in args]
     code, out, err = run_script(script, [option, hostile, *args], capsys)
     assert_one_error_line(code, err, f"the checkpoint {hostile / 'ckpt.pt'} holds posix.system")
@@ -124,8 +124,8 @@ def killed_prepare(point, argv, exchange):
 
 def readable(folder):
     """What train.py checks before it trains on a data set: meta.json, and both splits whole and as it says."""
-    from common import read_meta
-    from train_setup import check_splits
+    from plumbing.files import read_meta
+    from plumbing.checks import check_splits
     meta = read_meta(str(folder.parent), folder.name)
     check_splits(str(folder.parent), folder.name, meta, 256, meta["vocab_size"])
     return meta["dataset"]
@@ -137,7 +137,7 @@ def test_a_killed_prepare_leaves_a_whole_data_set(exchange, tmp_path):
     renames one by one, the next run puts the old one back); the next run removes what the killed one left, and a
     corpus too small to train on replaces nothing."""
     import prepare
-    from common import ConfigError
+    from plumbing.errors import ConfigError
     (tmp_path / "old.txt").write_text("The data set a killed run must not split. " * 20)
     (tmp_path / "new.txt").write_text("Its replacement, whole or not at all. " * 20)
     (tmp_path / "tiny.txt").write_text("\n\n\n")
@@ -167,7 +167,7 @@ def test_a_killed_prepare_leaves_a_whole_data_set(exchange, tmp_path):
 
 def test_prepare_replaces_no_folder_that_holds_files_of_the_users(tmp_path):
     import prepare
-    from common import ConfigError
+    from plumbing.errors import ConfigError
     (tmp_path / "new.txt").write_text("A data set is replaced whole. " * 30)
     os.makedirs(tmp_path / "data" / "d")
     (tmp_path / "data" / "d" / "notes.txt").write_text("mine")
@@ -234,7 +234,7 @@ def test_a_run_resumed_with_more_steps_is_the_longer_run(options, data, tmp_path
         assert (saved["lr_decay_iters"], saved["max_iters"]) == (0, 8)  # as the uninterrupted run's
 
 
-# ---- memory that cannot be allocated: one line at the one allocation boundary (common.main_boundary) ------------
+# ---- memory that cannot be allocated: one line at the one allocation boundary (plumbing/errors.py's main_boundary) ------------
 
 # (id, train.py options, the expected fragment): a width whose weights cannot be allocated, a batch whose first
 # forward pass cannot (before anything is written), and a vocabulary whose gradients and AdamW state (allocated at
@@ -299,7 +299,7 @@ def test_init_from_a_folder_of_another_model_suggests_a_model_that_loads_it(run,
     suggested --model then starts the run; a folder that could not load under any --model says what it lacks."""
     skip = ["--model=skipmiddle", "--data_dir", str(data), *TINY]
     train.main([*skip, "--out_dir", str(tmp_path / "sm"), "--max_iters=0"])
-    code, _, err = run_script("export.py", ["--out_dir", tmp_path / "sm", "--to", tmp_path / "folder"], capsys)
+    code, _, err = run_script("hf/export.py", ["--out_dir", tmp_path / "sm", "--to", tmp_path / "folder"], capsys)
     assert code == 0, err
     base = ["--data_dir", data, *TINY, "--max_iters=0", "--init_from", tmp_path / "folder"]
     code, _, err = run_script("train.py", [*base, "--out_dir", tmp_path / "a"], capsys)
@@ -319,14 +319,14 @@ def test_init_from_a_folder_of_another_model_suggests_a_model_that_loads_it(run,
 
 
 @pytest.mark.parametrize("train_args,fragment", [
-    ("--max_iter 3", "did you mean --max_iters? the sweep sets --max_iters for every run: use sweep.py --train_iters; "
+    ("--max_iter 3", "did you mean --max_iters? the sweep sets --max_iters for every run: use tools/sweep.py --train_iters; "
      "see train.py --help"),
     ("--eval_iters=1 --lerning_rate=1e-3", "did you mean --learning_rate?; see train.py --help"),
-    ("--va_lr=0.1", "drop --va_lr (the sweep sets --model for every run: use sweep.py --runs)"),
+    ("--va_lr=0.1", "drop --va_lr (the sweep sets --model for every run: use tools/sweep.py --runs)"),
     ("--warmup_iters=-1", "--warmup_iters must be 0 or more, not -1"),
 ], ids=["owned", "typo", "other_model", "bad_value"])
 def test_sweep_checks_its_train_args_before_any_run(train_args, fragment, data, tmp_path, capsys):
-    code, out, err = run_script("sweep.py", ["--train_args", train_args, "--data_dir", data, "--runs_dir",
+    code, out, err = run_script("tools/sweep.py", ["--train_args", train_args, "--data_dir", data, "--runs_dir",
                                              tmp_path / "runs", "--results", tmp_path / "results", "--reuse=",
                                              "--train_iters=2", "--seeds=1", "--device=cpu", "--runs=vanilla"], capsys)
     assert_one_error_line(code, err, fragment)
@@ -334,7 +334,7 @@ def test_sweep_checks_its_train_args_before_any_run(train_args, fragment, data, 
 
 
 def test_bench_checks_close_gates_before_measuring(capsys):
-    code, out, err = run_script("bench.py", ["--close_gates=99", "--size=small", "--device=cpu"], capsys)
+    code, out, err = run_script("tools/bench.py", ["--close_gates=99", "--size=small", "--device=cpu"], capsys)
     assert_one_error_line(code, err, "--close_gates must be between 0 and 2 for 3 gates")
     assert not out  # nothing measured, not even vanilla
 
@@ -350,7 +350,7 @@ def test_generate_takes_a_row_of_pads_and_hidden_states_past_the_context(name, d
     transformers = pytest.importorskip("transformers")
     train.main([f"--model={name}", "--data_dir", str(data), "--out_dir", str(tmp_path / "run"), "--max_iters=0",
                 *TINY])
-    code, _, err = run_script("export.py", ["--out_dir", tmp_path / "run", "--to", tmp_path / "hf"], capsys)
+    code, _, err = run_script("hf/export.py", ["--out_dir", tmp_path / "run", "--to", tmp_path / "hf"], capsys)
     assert code == 0, err
     transformers.logging.set_verbosity_error()
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True)

@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-import common
+from plumbing.checkpoints import read_checkpoint
 import train
 from conftest import ROOT
 
@@ -99,7 +99,7 @@ def test_a_checkpoint_loads_with_weights_only(data_dir, tmp_path):
     assert ckpt["model_name"] == "vanilla" and ckpt["iter_num"] == 2
     mapped = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     assert all(torch.equal(ckpt["model"][k], mapped["model"][k]) for k in ckpt["model"])
-    assert common.read_checkpoint(path)["model_args"] == ckpt["model_args"]
+    assert read_checkpoint(path)["model_args"] == ckpt["model_args"]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir", str(out), "--num_samples=1",
                            "--max_new_tokens=8", "--device=cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-2000:]

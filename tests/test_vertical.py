@@ -8,8 +8,8 @@ import torch
 
 import model_vanilla
 import model_vertical
-from common import make_config
 from generate import generate
+from plumbing.config import make_config
 
 SMALL = dict(vocab_size=257, block_size=64, n_layer=6, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
 

@@ -4,7 +4,7 @@ written back as a Llama or Qwen3 folder, and a run of any other model file as a 
 (hf_model.py beside the model file; export_custom, read_custom), which comes back whole.
 
     python train.py --model attnres --init_from ~/models/Qwen3-0.6B ...    # start from the pretrained model
-    python export.py --out_dir out/run --to ~/models/run-hf                 # a run as a HF folder
+    python -m hf.export --out_dir out/run --to ~/models/run-hf              # a run as a HF folder
 
 A folder is what transformers' save_pretrained writes: config.json, model.safetensors (or shards listed in
 model.safetensors.index.json) and, where the model has one, tokenizer.json with its companions. Nothing here
@@ -15,10 +15,10 @@ model_vanilla.py's, which computes what LlamaForCausalLM and Qwen3ForCausalLM co
     ours                              Hugging Face
     tok_emb                           model.embed_tokens
     blocks.i.attn_norm                model.layers.i.input_layernorm
-    blocks.i.attn.wqkv (q, k, v) wo   model.layers.i.self_attn.q_proj k_proj v_proj o_proj  (common.split_fused)
+    blocks.i.attn.wqkv (q, k, v) wo   model.layers.i.self_attn.q_proj k_proj v_proj o_proj  (split_fused)
     blocks.i.attn.q_norm k_norm       model.layers.i.self_attn.q_norm k_norm            (Qwen3: qk_norm)
     blocks.i.mlp_norm                 model.layers.i.post_attention_layernorm
-    blocks.i.mlp.w13 (w1, w3) w2      model.layers.i.mlp.gate_proj up_proj down_proj   (common.split_fused)
+    blocks.i.mlp.w13 (w1, w3) w2      model.layers.i.mlp.gate_proj up_proj down_proj   (split_fused)
     norm, lm_head                     model.norm, lm_head  (no lm_head in the folder with tied embeddings)
 config.json gives the architecture: hidden_size -> n_embd, num_hidden_layers -> n_layer, num_attention_heads ->
 n_head, num_key_value_heads -> n_kv_head, head_dim, intermediate_size -> ffn_hidden, rope_theta, rms_norm_eps ->
@@ -27,7 +27,7 @@ can do and ours cannot is refused in one line: RoPE scaling (Llama 3.1's "llama3
 activation, biases on attention but not on the MLP. A parameter of a model file that has no Hugging Face name
 (AttnRes's pseudo-queries, skip-middle's gates and extra norms, ...) keeps its initialisation.
 
-Every mistake is an HFError with a one-line message; train.py and export.py raise it as their ConfigError.
+Every mistake is an HFError, a ConfigError with a one-line message that the scripts end in.
 """
 import hashlib
 import os
@@ -38,7 +38,15 @@ import sys
 
 import torch
 
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("hf/convert.py is a library module: Hugging Face folders in (train.py --init_from) and out; run "
+             "`python -m hf.export --help` or `python train.py --help`")
+
 import common
+from plumbing.checkpoints import load_weights, separate, split_fused
+from plumbing.config import make_config
+from plumbing.errors import ConfigError
+from plumbing.files import read_json, to_json
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
 # the files of a tokenizer that export copies along (those the folder has)
@@ -52,7 +60,7 @@ LAYER_NAMES = {"attn_norm": "input_layernorm", "attn.wq": "self_attn.q_proj", "a
 TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
 
 
-class HFError(Exception):
+class HFError(ConfigError):
     """A folder, a checkpoint or an option that does not fit; the message is one line that names the fix."""
 
 
@@ -76,10 +84,11 @@ def to_hf_name(name):
 # ----------------------------------------------------------------------------------------------------------
 # config.json -> our model options
 
-def read_json(path):
+def read_object(path):
+    """The JSON object in the file at path (a folder's config.json); HFError if it is not one."""
     try:
-        value = common.read_json(path, "the model's", "save the model again with save_pretrained")
-    except common.ConfigError as e:
+        value = read_json(path, "the model's", "save the model again with save_pretrained")
+    except ConfigError as e:
         raise HFError(str(e))
     if not isinstance(value, dict):
         raise HFError(f"{path} is not a JSON object; save the model again with save_pretrained")
@@ -95,7 +104,7 @@ def read_config(folder):
                       "model.safetensors, as save_pretrained writes them)")
     if not os.path.isfile(path):
         raise HFError(f"{folder} has no config.json; pass a Hugging Face model folder as save_pretrained writes it")
-    c = read_json(path)
+    c = read_object(path)
     kind, archs = c.get("model_type"), c.get("architectures") or []
     if kind not in ARCHITECTURES or any(a != ARCHITECTURES[kind] for a in archs):
         what = f"a {kind} model" + (f" ({', '.join(map(str, archs))})" if archs else "")
@@ -152,7 +161,7 @@ def weight_files(folder):
     """{Hugging Face tensor name: path of the .safetensors file holding it}: one file, or sharded with an index."""
     single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
-        weight_map = read_json(index).get("weight_map")
+        weight_map = read_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise HFError(f"{index} has no weight_map; save the model again with save_pretrained")
         files = {name: os.path.join(folder, f) for name, f in weight_map.items()}
@@ -183,7 +192,7 @@ def tensor_shapes(path):
 def split_state(model):
     """model's state_dict with each wqkv as the wq, wk and wv that q_proj, k_proj and v_proj are, and each w13 as
     the w1 and w3 that gate_proj and up_proj are (views of its rows: a copy into them writes the model's tensor)."""
-    return common.split_fused(model.state_dict(), model.config)
+    return split_fused(model.state_dict(), model.config)
 
 
 def shared_names(model):
@@ -229,7 +238,7 @@ def init_args(folder, module, model_args, explicit, meta):
     Checks, before anything is written, that no option given on the command line contradicts config.json, that
     the tokenizer is the data's, and that every tensor has its name and shape. Returns the new model_args."""
     custom = is_custom(folder)
-    if custom:  # a run exported by export.py: its whole architecture (--block_size and --dropout may differ)
+    if custom:  # a run exported by hf/export.py: its whole architecture (--block_size and --dropout may differ)
         hf_args = read_custom(folder, module)
         hf_args = {k: v for k, v in hf_args.items() if k not in ("block_size", "dropout") or k not in explicit}
     else:
@@ -262,8 +271,8 @@ def load_folder(model, folder):
             with st.safe_open(path, framework="pt") as f:
                 tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
         try:
-            common.load_weights(model, tensors, type(model).__module__[6:], f"{folder}/model.safetensors")
-        except common.ConfigError as e:
+            load_weights(model, tensors, type(model).__module__[6:], f"{folder}/model.safetensors")
+        except ConfigError as e:
             raise HFError(str(e))
         return list(tensors)
     files = check_weights(folder, model)
@@ -312,7 +321,7 @@ def to_hf_state(state, model_args):
     """vanilla's state_dict -> {Hugging Face name: tensor}; tied embeddings are stored once, as save_pretrained
     stores them."""
     out = {}
-    for ours, tensor in common.split_fused(state, model_args).items():
+    for ours, tensor in split_fused(state, model_args).items():
         if ours == "lm_head.weight" and model_args["tie_embeddings"]:
             continue
         hf = to_hf_name(ours)
@@ -329,7 +338,7 @@ def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.flo
     files = tokenizer_files(meta or {}, tokenizer)
     source = {}
     if source_folder and os.path.isfile(os.path.join(source_folder, "config.json")):
-        source = read_json(os.path.join(source_folder, "config.json"))
+        source = read_object(os.path.join(source_folder, "config.json"))
     config = hf_config(model_args, source, (meta or {}).get("eot_token"))
     tensors = {k: v.to(dtype) for k, v in to_hf_state(state, model_args).items()}
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
@@ -347,7 +356,7 @@ def write_folder(to, config, tensors, files):
     try:
         os.makedirs(tmp)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            f.write(common.to_json(config, indent=2))
+            f.write(to_json(config, indent=2))
             f.write("\n")
         weights = os.path.join(tmp, "model.safetensors")
         safetensors().torch.save_file(tensors, weights, metadata={"format": "pt"})
@@ -370,7 +379,8 @@ def write_folder(to, config, tensors, files):
 # every other model file: a transformers custom-code folder (hf_model.py), written and read back whole
 
 CUSTOM = "layer_connections"  # config.json's model_type of such a folder
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))  # hf/, beside hf_model.py
+ROOT = os.path.dirname(HERE)  # the repository, where the model files are
 
 
 def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.float32, tokenizer=None):
@@ -386,11 +396,11 @@ def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.floa
               "eos_token_id": (meta or {}).get("eot_token"), "torch_dtype": str(dtype).removeprefix("torch.")}
     tensors = {f"model.{k}": (v.to(dtype) if v.is_floating_point() else v).detach().to("cpu").clone()
                for k, v in state.items()}  # clone: safetensors stores no shared tensors (tied embeddings)
-    for name in (f"model_{model_name}.py", "hf_model.py"):
-        with open(os.path.join(HERE, name), encoding="utf-8") as f:
+    for name, where in ((f"model_{model_name}.py", ROOT), ("hf_model.py", HERE)):
+        with open(os.path.join(where, name), encoding="utf-8") as f:
             files[name] = f.read()
-    files["hf_model.py"] = files["hf_model.py"].replace("from .model_vanilla import", f"from .model_{model_name} import",
-                                                        1)  # the one line that names the model file
+    files["hf_model.py"] = files["hf_model.py"].replace(  # the one line that names the model file
+        "from .model_vanilla import", f"from .model_{model_name} import", 1)
     write_folder(to, config, tensors, files)
     return config
 
@@ -399,10 +409,10 @@ def read_custom(folder, module):
     """The model_args of a folder export_custom() wrote for module's model file; HFError, naming the fix, for a
     folder of another model file, a missing file, a config.json that is not such a folder's."""
     path = os.path.join(folder, "config.json")
-    c = read_json(path)
+    c = read_object(path)
     name, args = c.get("model_name"), c.get("model_args")
     if not isinstance(name, str) or not isinstance(args, dict):
-        raise HFError(f"{path} lacks model_name or model_args; export the run again with export.py")
+        raise HFError(f"{path} lacks model_name or model_args; export the run again with `python -m hf.export`")
     # the folder is checked whole before --model is suggested: a hint that leads to the next error is none
     for needed in (f"model_{name}.py", "hf_model.py"):
         if not os.path.isfile(os.path.join(folder, needed)):
@@ -413,7 +423,7 @@ def read_custom(folder, module):
     if f"model_{name}" != module.__name__:
         raise HFError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
     try:
-        common.make_config(module.GPTConfig, **args)
+        make_config(module.GPTConfig, **args)
     except (ValueError, TypeError) as e:
         raise HFError(f"{path}: model_args do not fit {module.__name__}.py ({e}); export the run again")
     return args
@@ -429,7 +439,7 @@ def check_custom_weights(folder, model):
     split = {k: tuple(t.shape) for k, t in split_state(model).items()}
     want = {}  # a folder exported before q, k and v (or w1 and w3) were one matmul has them apart: load_weights joins
     for name, t in model.state_dict().items():
-        names, _ = common.separate(name, model.config)
+        names, _ = separate(name, model.config)
         apart = names and f"model.{name}" not in shapes
         want.update({f"model.{n}": split[n] for n in names} if apart else {f"model.{name}": tuple(t.shape)})
     if shapes != want:
@@ -442,7 +452,7 @@ def check_custom_weights(folder, model):
 def is_custom(folder):
     """Whether folder's config.json is that of export_custom() (its model_type)."""
     path = os.path.join(folder, "config.json")
-    return os.path.isfile(path) and read_json(path).get("model_type") == CUSTOM
+    return os.path.isfile(path) and read_object(path).get("model_type") == CUSTOM
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -469,7 +479,7 @@ def get_tokenizer(folder):
     vocab = tok.get_vocab(with_added_tokens=True)
     eot = next((vocab[n] for n in EOT_NAMES if n in vocab), None)
     if eot is None and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
-        eos = read_json(os.path.join(folder, "tokenizer_config.json")).get("eos_token")
+        eos = read_object(os.path.join(folder, "tokenizer_config.json")).get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         eot = vocab.get(eos)
     if eot is None:
@@ -508,7 +518,7 @@ def same_tokenizer(a, b):
 
 def check_tokenizer(folder, vocab_size, meta):
     """The folder's tokenizer is the one the data was prepared with: an hf: tokenizer's tokenizer.json, or the one
-    export.py writes for the byte or gpt2 tokenizer. A folder without tokenizer.json (or with GPT-2's when
+    hf/export.py writes for the byte or gpt2 tokenizer. A folder without tokenizer.json (or with GPT-2's when
     tiktoken's files are not at hand) passes if its vocabulary size is the data's, and the note that says so is
     returned."""
     data_tok = meta["tokenizer"]
@@ -550,7 +560,7 @@ EOT_TEXT = "<|endoftext|>"  # the end-of-text token of the byte and gpt2 tokeniz
 
 def tokenizer_files(meta, given=None):
     """{file name: text or bytes} of the tokenizer of a run (meta.json's) for an exported folder: the files of the
-    folder `given` (export.py --tokenizer) where passed, else the run's: an hf: tokenizer's files as they are,
+    folder `given` (hf/export.py --tokenizer) where passed, else the run's: an hf: tokenizer's files as they are,
     the byte tokenizer and GPT-2's (from tiktoken's cache) as a tokenizer.json made here. HFError, in one line
     naming what to pass, where the run's tokenizer is not at hand."""
     name, eot = meta.get("tokenizer", ""), meta.get("eot_token")
@@ -571,11 +581,11 @@ def tokenizer_files(meta, given=None):
                 with open(os.path.join(folder, f), "rb") as file:
                     files[f] = file.read()
         if "tokenizer_config.json" not in files:  # without it transformers knows no end-of-text token
-            files["tokenizer_config.json"] = common.to_json({
+            files["tokenizer_config.json"] = to_json({
                 "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": decode([eot]), "pad_token": decode([eot]),
                 "split_special_tokens": True}, indent=2) + "\n"  # special tokens in a text are text, as in prepare.py
         return files
-    return {"tokenizer.json": own_tokenizer_json(name), "tokenizer_config.json": common.to_json({
+    return {"tokenizer.json": own_tokenizer_json(name), "tokenizer_config.json": to_json({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT_TEXT, "eos_token": EOT_TEXT,
         "pad_token": EOT_TEXT,  # every document starts after one; pads are masked, so any token would do
         "clean_up_tokenization_spaces": False,  # the text decoded as it is
@@ -638,7 +648,3 @@ def byte_level_json(ranks, words):
     tok.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
     return tok.to_str(pretty=True)
 
-
-if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("hf.py is a library module: Hugging Face folders in (train.py --init_from) and out; run `python "
-             "export.py --help` or `python train.py --help`")

@@ -1,50 +1,54 @@
 """
-What train.py does before its first step and when a run stops, so that train.py itself tells the steps: the
-process it is (one, or one of torchrun's), the checks that refuse a bad run before anything is written (out_dir,
---resume against its checkpoint, the data splits, a first forward pass), the model and optimiser with their saved
-state, and the one-line messages of a run that stops (a loss that is not finite, Ctrl-C, a lost process).
-Library code for train.py: run `python train.py --help`.
+Plumbing a learner may skip: what train.py checks before it writes anything, so that a run is a transaction: the
+run folder and --resume against its checkpoint, the global batch and schedule a resumed run keeps, the data splits,
+one forward pass on the first batch; and the run folder's lock and append-only log.
 """
-import dataclasses
+import importlib.util
+import json
 import math
 import os
 import shlex
-import signal
 import sys
-from dataclasses import dataclass
 
 import torch
 
-import hf
-from common import (ConfigError, Interrupted, OutOfMemory, PeerLost, RunError, allocation_failure, autocast,
-                    build_model, load_weights, open_split, read_checkpoint, resolve_device, resolve_dtype, split_tokens)
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("plumbing/checks.py is a library module (train.py's checks before a run); run a script, "
+             "e.g. `python train.py --help`")
+
+from common import build_model, open_split
+from hf import convert
+from plumbing.checkpoints import read_checkpoint
+from plumbing.config import make_config
+from plumbing.errors import ConfigError, diverged
+from plumbing.files import split_tokens
 
 
-@dataclass
-class Process:
-    """This process: one, or one of torchrun's world; accum is its own share of the micro-steps."""
-    world: int
-    rank: int
-    accum: int
-    device: torch.device
-    dtype: str
+def before_run(cfg, model_args, module, explicit, meta, proc):
+    """Every check of the options, the run folder, the checkpoint to resume and the data, before anything is
+    written: (the checkpoint to resume or None, the model options, the checkpoint's for a resumed run). A resumed
+    run keeps its global batch (proc.accum may change)."""
+    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
+    ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
+    if ckpt is not None:
+        check_optimizer_state(ckpt, module, model_args, cfg)
+    keep_global_batch(proc, cfg, ckpt)
+    check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
+    return ckpt, model_args
 
-    def __post_init__(self):
-        self.ctx = autocast(self.device, self.dtype)  # made once: a step enters it again and again
 
-
-def this_process(cfg):
-    """The Process this is: one, or one of torchrun's."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    accum = cfg.gradient_accumulation_steps or world  # not given: one micro-step per process
-    if accum % world:
-        raise ConfigError(f"--gradient_accumulation_steps {accum} is not a multiple of the {world} processes; make "
-                          "it one, or leave it out (one micro-step per process)")
-    device = resolve_device(cfg.device)
-    if device.type == "cuda" and world > 1:  # one GPU per process
-        device = resolve_device(f"cuda:{local_rank}")
-    return Process(world, rank, accum // world, device, resolve_dtype(cfg.dtype, device))
+def check_optimizer_state(ckpt, module, model_args, cfg):
+    """The saved optimiser state has the parameter groups of the model it resumes, group by group (built on the
+    meta device: no memory)."""
+    with torch.device("meta"):
+        groups = build_model(module, model_args).param_groups(cfg.weight_decay)
+    saved = ckpt["optimizer"].get("param_groups") if isinstance(ckpt["optimizer"], dict) else None
+    if not (isinstance(saved, list) and len(saved) == len(groups) and all(
+            isinstance(s, dict) and isinstance(s.get("params"), list) and len(s["params"]) == len(g["params"])
+            for s, g in zip(saved, groups))):
+        raise ConfigError(f"the optimiser state in {os.path.join(cfg.out_dir, 'ckpt.pt')} does not fit "
+                          f"model_{cfg.model}.py's parameter groups; it was saved by another version of that file")
 
 
 def keep_global_batch(proc, cfg, ckpt):
@@ -76,10 +80,11 @@ def read_run(cfg, model_args, module, explicit, meta):
             raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
                               "or choose another --out_dir")
         if cfg.init_from:  # the architecture from the folder's config.json; the folder is checked here
+            model_args = convert.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
             try:
-                model_args = hf.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
-            except hf.HFError as e:
-                raise ConfigError(str(e))
+                make_config(module.GPTConfig, **model_args)
+            except ValueError as e:
+                raise ConfigError(f"{e} (model_{cfg.model}.py, from {cfg.init_from}'s config.json)")
         elif "vocab_size" not in explicit:
             model_args = {**model_args, "vocab_size": meta["vocab_size"]}
         if model_args["vocab_size"] < meta["vocab_size"]:
@@ -158,48 +163,7 @@ def check_splits(data_dir, dataset, meta, block_size, vocab_size):
                               "again to remake the data set")
 
 
-def make_model(module, model_args, cfg, ckpt, device):
-    """The model of model_args on device; a new run with --init_from takes the pretrained weights of the
-    components every model file shares with vanilla (hf.py), the method's own parameters keep their init."""
-    model = build_model(module, model_args, f"the options of model_{cfg.model}.py").to(device)
-    if cfg.init_from and ckpt is None:
-        try:
-            hf.load_folder(model, cfg.init_from)
-        except hf.HFError as e:
-            raise ConfigError(str(e))
-    return model
-
-
-def make_optimizer(raw_model, cfg, device):
-    """AdamW over the model's own parameter groups (a group may bring its own lr: vertical's scores)."""
-    groups = raw_model.param_groups(cfg.weight_decay)
-    for g in groups:
-        g.setdefault("lr", cfg.learning_rate)
-        g["base_lr"] = g["lr"]  # the schedule scales every group's own lr by the same factor
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                             fused=device.type == "cuda")
-
-
-def restore(model, optimizer, ckpt, cfg, rank, device):
-    """A resumed run's weights, optimiser state and this rank's random state (a run saved with another number of
-    processes cannot be continued exactly, and takes the states it has in turn)."""
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
-    load_weights(model, ckpt["model"], cfg.model, path)
-    base_lrs = [g["base_lr"] for g in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"the optimiser state in {path} does not fit model_{cfg.model}.py ({e}); "
-                          "it was saved by another version of that file")
-    for g, base in zip(optimizer.param_groups, base_lrs):
-        g["base_lr"] = base  # a resumed run follows this run's learning-rate options
-    rng = ckpt["rng"]
-    torch.set_rng_state(rng["torch"][rank % len(rng["torch"])])
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"][rank % len(rng["cuda"])], device)
-
-
-def check_first_batch(raw_model, cfg, model_args, explicit, batch, iter_num, proc):
+def first_batch(raw_model, batch, proc, cfg, model_args, explicit, iter_num):
     """One forward pass on the first batch before anything is written, in eval mode (no dropout draws): a batch
     that does not fit, or a model whose loss is not finite from the start, fails here."""
     x, y = batch
@@ -207,60 +171,55 @@ def check_first_batch(raw_model, cfg, model_args, explicit, batch, iter_num, pro
     with torch.no_grad(), proc.ctx:  # memory that cannot be allocated ends at main_boundary(), as anywhere
         _, loss = raw_model(x, y)
     if not math.isfinite(loss.item()):
-        raise RunError(divergence_message("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit,
-                                          None, proc.dtype))
+        raise diverged("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit, None, proc.dtype)
     raw_model.train()
 
 
-def divergence_message(what, value, step, cfg, model_args, explicit, saved_step, dtype):
-    """The one line of a non-finite loss: what to check (the options this run set; float32, where the run computed in
-    another dtype), and what is kept."""
-    values = {**dataclasses.asdict(cfg), **model_args}
-    changed = [f"--{k} {values[k]}" for k in sorted(explicit) if k in values and k not in
-               ("out_dir", "data_dir", "dataset", "max_iters", "resume", "device", "eval_interval", "log_interval")]
-    kept = (f"the checkpoint of step {saved_step} in {cfg.out_dir} is kept" if saved_step is not None
-            else "no checkpoint was written")
-    return (f"the {what} is {value} at step {step}: training diverged; check the options of this run "
-            f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of range)"
-            f"{'' if dtype == 'float32' else ' or use --dtype float32'}; {kept}")
+def open_run_folder(out_dir, resume_step):
+    """out_dir created and locked for the life of the process (the handle holds the lock), its log settled."""
+    lock = lock_out_dir(out_dir)
+    settle_log(out_dir, resume_step)
+    return lock
 
 
-def catch_stop_signals():
-    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
-    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
-    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
-    stop = []
-
-    def handler(signum, frame):
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(signum)
-    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def lost_peer(error):
-    """Whether a collective failed because another process of the run is gone."""
-    return isinstance(error, torch.distributed.DistError) or any(
-        s in str(error) for s in ("Connection closed by peer", "Connection reset by peer", "remote worker",
-                                  "NCCL communicator was aborted", "Broken pipe"))
+def lock_out_dir(out_dir):
+    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(os.path.join(out_dir, ".lock"), "a")
+    except OSError as e:
+        raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
+    try:
+        import fcntl
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass  # no fcntl (Windows): no lock
+    except OSError:
+        handle.close()
+        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
+    return handle
 
 
-def stopped(error, iter_num, saved_step, cfg, proc):
-    """The one-line error of a run stopped by Ctrl-C or SIGTERM, by memory that cannot be allocated (main_boundary()
-    adds what to lower), or by another process of the run that is gone (gloo: connection closed; NCCL: aborted); any
-    other error as it is."""
-    kept, again = ((f"the checkpoint of step {saved_step} is kept", "continue with --resume") if saved_step is not None
-                   else ("no checkpoint was written", "run the same command again"))
-    if isinstance(error, KeyboardInterrupt):
-        return Interrupted(f"interrupted at step {iter_num}; {kept} in {cfg.out_dir}; {again}")
-    size = allocation_failure(error)
-    if size is not None:
-        return OutOfMemory(f"out of memory at step {iter_num}: an allocation{size} failed; {kept} in {cfg.out_dir}")
-    if proc.world == 1 or not lost_peer(error):
-        return error
-    return PeerLost(f"another process of this run stopped at step {iter_num}; {kept} in {cfg.out_dir}; {again} "
-                    "once every process can run")
-
-
-if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("train_setup.py is a library module of train.py; run `python train.py --help`")
+def settle_log(out_dir, resume_step):
+    """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
+    records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
+    log_path = os.path.join(out_dir, "log.jsonl")
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
+        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
+    if not os.path.exists(log_path):
+        return
+    keep, move = [], []
+    with open(log_path, "rb") as f:
+        for line in f:
+            try:
+                step = json.loads(line)["iter"]
+            except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+                step = None
+            keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
+            (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
+    if move:
+        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
+            f.writelines(move)
+    with open(log_path + ".tmp", "wb") as f:
+        f.writelines(keep)
+    os.replace(log_path + ".tmp", log_path)

@@ -1,5 +1,5 @@
 """
-A run of this repository as a transformers model, for the Hugging Face ecosystem: export.py writes a folder with
+A run of this repository as a transformers model, for the Hugging Face ecosystem: hf/export.py writes a folder with
 config.json, model.safetensors, the tokenizer, the run's model file as this repository ships it, and this file,
 whose one import line below it points at that model file. transformers runs code from a folder only when asked to:
 
@@ -42,11 +42,11 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 if __name__ == "__main__":  # a file of an exported folder, not a script: say so, and what to run
-    raise SystemExit("hf_model.py runs inside transformers, from a folder export.py writes, which "
-                     "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) loads; run `python export.py "
-                     "--help`")
+    raise SystemExit("hf_model.py runs inside transformers, from a folder hf/export.py writes, which "
+                     "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) loads; run "
+                     "`python -m hf.export --help`")
 
-from .model_vanilla import GPT, GPTConfig, KVCache  # export.py names the run's model file here
+from .model_vanilla import GPT, GPTConfig, KVCache  # hf/export.py names the run's model file here
 
 UNSUPPORTED = ("position_ids", "inputs_embeds", "past_key_values", "cache", "output_attentions")
 

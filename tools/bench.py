@@ -1,8 +1,8 @@
 """
 Speed and memory of every model side by side, in one process, as ratios to vanilla measured in the same run.
 
-    python bench.py --size 50m --block_size 256 --batch_size 8        # every model and variant, CPU
-    python bench.py --size 300m --device cuda --compile --json results/bench_300m.json
+    python -m tools.bench --size 50m --block_size 256 --batch_size 8        # every model and variant, CPU
+    python -m tools.bench --size 300m --device cuda --compile --json results/bench_300m.json
 
 Per model: parameters (and the extra over vanilla), training tokens/s (forward + backward + AdamW step, after
 warm-up, median over repeats), peak memory of a training step, MFU on a known GPU, and sampling tokens/s
@@ -12,13 +12,12 @@ machine's load hits both sides alike: the table gives the median ratio and, in b
 largest; the JSON keeps every repeat's seconds. On CUDA the peak memory is torch.cuda.max_memory_allocated
 less the memory held before the model was built (vanilla's). On CPU, where PyTorch keeps no such counter, it
 is the bytes of parameters, gradients and AdamW state plus the tensors autograd saves for the backward pass
-(the part in which the models differ). The trained results tables come from sweep.py.
+(the part in which the models differ). The trained results tables come from tools/sweep.py.
 """
 import copy
 import functools
 import importlib.util
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -27,10 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, ConfigError, autocast, checkpoint_path, to_json, hardware_name,
-                    model_from_checkpoint, load_model_module, main_boundary, option, parse_simple, peak_flops,
-                    resolve_device, resolve_dtype, synchronize, update_readme)
+if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
+    sys.exit("run it from the repository root as `python -m tools.bench`")
+
+from common import (DTYPES, SIZES, autocast, load_model_module, model_from_checkpoint, peak_flops, resolve_device,
+                    resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
+from plumbing.checkpoints import checkpoint_path
+from plumbing.config import option
+from plumbing.errors import ConfigError, main_boundary
+from plumbing.files import read_json, to_json
+from plumbing.options import parse_simple
+from tools.tables import command_line, hardware_name, update_readme
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
 RUNS = [
@@ -70,7 +77,7 @@ class BenchConfig:
     compile: bool = option(False, "torch.compile the training step")
     warm_only: bool = option(False, "compile the step of each --runs model (training with --compile, the decode "
                              "step with --decode) and measure nothing: inductor keeps what it compiled in its cache "
-                             "on disk, from which the same command compiles again in seconds (gpu_tables.py warms "
+                             "on disk, from which the same command compiles again in seconds (tools/gpu_tables.py warms "
                              "every model at once so, then times them one after another)")
     json: str = option("", "also write the results to this JSON file", path=True, out="file")
     close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
@@ -88,6 +95,8 @@ class BenchConfig:
     baseline: str = option("", "--decode: also time the eager generate() of the model_*.py files in this folder "
                            "(another checkout, e.g. from before a change), with the same weights, in the same rounds",
                            path=True)
+    table_only: bool = option(False, "--decode: measure nothing: print the table of the --json file, measured before "
+                              "or elsewhere (a GPU's), and with --update_readme write it into its page")
     update_readme: bool = option(False, "--decode: also rewrite the copy of the table between the markers "
                                  "<!-- JSON:start --> and <!-- JSON:end --> of the --json path, in the page of "
                                  "README.md or docs/ that holds them (docs/benchmarks.md)")
@@ -350,12 +359,12 @@ def measure_decoding(wanted, shape, batches, args, device, ctx):
     return rows
 
 
-def decoding_table(rows, args):
+def decoding_table(rows, baseline):
     """The rows as a Markdown table: per model and batch size, eager and compiled side by side; a mode not timed
     (--decode_modes) shows '-'. Prefill and first token are the eager case's where it was timed."""
     lines = ["| model | batch | prefill tok/s | first token ms | decode tok/s eager | compiled | compiled x vanilla "
-             "(min-max) | compile s |" + (" eager x baseline | compiled x baseline |" if args.baseline else ""),
-             "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if args.baseline else "")]
+             "(min-max) | compile s |" + (" eager x baseline | compiled x baseline |" if baseline else ""),
+             "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if baseline else "")]
     by = {(r["label"], r["mode"], r["batch"]): r for r in rows}
 
     def spread(r, name):
@@ -366,7 +375,7 @@ def decoding_table(rows, args):
         cells = [label, batch, f"{first['prefill_tok_s']:,.0f}", f"{1000 * first['time_to_first_token_s']:.1f}",
                  f"{e['decode_tok_s']:,.0f}" if e else "-", f"{c['decode_tok_s']:,.0f}" if c else "-",
                  spread(c, "decode_ratio"), f"{c['compile_s']:.1f}" if c else "-"]
-        if args.baseline:
+        if baseline:
             cells += [spread(e, "baseline_ratio"), spread(c, "baseline_ratio")]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     notes = [f"{r['label']}, batch {r['batch']}, {r['mode']}: decode with skipping {r['skip_ratio']:.2f}x "
@@ -491,6 +500,15 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
+    if args.table_only:  # the table of a file measured before or elsewhere
+        if not (args.decode and args.json):
+            raise ConfigError("--table_only prints the --decode table of a --json file: give --decode and --json")
+        saved = read_json(args.json, "the --json file",
+                          "give a file that `python -m tools.bench --decode --json` wrote")
+        text = publish_decoding(saved, args.json) if args.update_readme else decoding_table(saved["results"],
+                                                                                             saved.get("baseline"))
+        print(text, end="")
+        return saved["results"]
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
@@ -527,10 +545,10 @@ def main(argv):
         print(f"{args.size} shape, generation after {args.prompt_tokens} prompt tokens, {hardware}, {dtype}, "
               f"torch {torch.__version__}")
         rows = measure_decoding(wanted, shape, batches, args, device, ctx)
-        table = decoding_table(rows, args)
+        table = decoding_table(rows, args.baseline)
         print(table, end="")
         head.update(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, close_gates=args.close_gates,
-                    baseline=args.baseline, command=["bench.py", *argv])
+                    baseline=args.baseline, command=["-m", "tools.bench", *argv])
     else:
         print(f"{args.size} shape, batch {args.batch_size} x {args.block_size} tokens, {hardware}, "
               f"{dtype}{', compiled' if args.compile else ''}, torch {torch.__version__}")
@@ -541,11 +559,18 @@ def main(argv):
         with open(args.json, "w") as f:
             f.write(to_json({**head, "results": rows}, indent=1))
     if args.update_readme:
-        note = (f"`{shlex.join(['python', 'bench.py', *argv])}` on {hardware}, {dtype}, torch {torch.__version__}; "
-                f"greedy, {args.prompt_tokens} prompt tokens, {args.decode_tokens} timed steps, median of "
-                f"{args.repeats} rounds.\n\n")
-        update_readme(note + table, args.json)
+        publish_decoding({**head, "results": rows}, args.json)
     return rows
+
+
+def publish_decoding(saved, path):
+    """Write the --decode table of saved (a --json file's content) with its note into the page that holds path's
+    markers; returns the text."""
+    text = (f"`{command_line(saved['command'])}` on {saved['hardware']}, {saved['dtype']}, torch {saved['torch']}; "
+            f"greedy, {saved['prompt_tokens']} prompt tokens, {saved['decode_tokens']} timed steps, median of "
+            f"{saved['repeats']} rounds.\n\n" + decoding_table(saved["results"], saved.get("baseline")))
+    update_readme(text, path)
+    return text
 
 
 def check_decode_options(args):

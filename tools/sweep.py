@@ -1,10 +1,10 @@
 """
 Results sweeps: every model, or one paper's ablation, trained by train.py with one budget and several seeds.
 
-    python sweep.py --size small --train_iters 500 --seeds 3 --update_readme      # the main table: every label
-    python sweep.py --ablation va_lr --update_readme                              # one paper's own ablation
-    python sweep.py --ablation skipmiddle,va_lr,skiplayer,attnres_blocks          # several, seed 1 of all first
-    python sweep.py --size small --train_iters 500 --seeds 3 --table_only         # tables and figures only
+    python -m tools.sweep --size small --train_iters 500 --seeds 3 --update_readme      # the main table: every label
+    python -m tools.sweep --ablation va_lr --update_readme                              # one paper's own ablation
+    python -m tools.sweep --ablation skipmiddle,va_lr,skiplayer,attnres_blocks          # several, seed 1 of all first
+    python -m tools.sweep --size small --train_iters 500 --seeds 3 --table_only         # tables and figures only
 
 A sweep is a list of (label, model file, config overrides). Each label is trained with each of --seeds seeds
 (the seed sets the initialisation and the order of the training windows) with the same data, batch, lr and
@@ -42,10 +42,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bench import RUNS
-from common import (DTYPES, SIZES, ConfigError, Interrupted, to_json, hardware_name, model_from_checkpoint, load_model_module,
-                    main_boundary, option, parse_json, parse_model_options, parse_simple, read_checkpoint, read_json,
-                    read_meta, read_text, update_readme)
+if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
+    sys.exit("run it from the repository root as `python -m tools.sweep`")
+
+from tools.bench import RUNS
+from common import DTYPES, load_model_module, model_from_checkpoint, SIZES
+from plumbing.checkpoints import read_checkpoint
+from plumbing.config import option
+from plumbing.errors import ConfigError, Interrupted, main_boundary
+from plumbing.files import parse_json, read_json, read_meta, read_text, to_json
+from plumbing.options import parse_model_options, parse_simple
+from tools.tables import hardware_name, update_readme
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -54,7 +61,7 @@ from train import main as train_main  # train.py's entry point, called in-proces
 # what is trained: the main table's labels and the papers' ablations
 
 # RUNS, (label, model file, config overrides): each method's default and the variants its paper compares,
-# as bench.py measures them
+# as tools/bench.py measures them
 
 # The papers' names, by model file: the figures group and colour the labels by these.
 PAPERS = {
@@ -261,7 +268,7 @@ def ablation_sweep(name, args):
 OWNED = ("model", "dataset", "data_dir", "out_dir", "resume", "max_iters", "batch_size", "seed", "device", "dtype",
          "eval_interval", "size", "init_from")  # train.py options every run of a sweep sets itself
 INSTEAD = {"model": "--runs", "out_dir": "--runs_dir", "max_iters": "--train_iters", "seed": "--seed and --seeds",
-           "eval_interval": "--eval_points"}  # sweep.py's option for one it owns, where the names differ
+           "eval_interval": "--eval_points"}  # tools/sweep.py's option for one it owns, where the names differ
 
 
 def check_train_args(train_args, shape):
@@ -274,7 +281,7 @@ def check_train_args(train_args, shape):
     owned = {w.split("=")[0][2:] for w in words if w.startswith("--")} & {*OWNED, *shape}
     if owned:
         raise ConfigError(f"--train_args sets {', '.join('--' + o for o in sorted(owned))}, which the sweep sets for "
-                          "every run; use sweep.py's own options (--seed, --seeds, --size, --n_layer, --block_size, "
+                          "every run; use tools/sweep.py's own options (--seed, --seeds, --size, --n_layer, --block_size, "
                           "--batch_size, --train_iters, ...)")
 
 
@@ -282,7 +289,7 @@ def check_train_options(sweeps, shape, args):
     """Every run's train.py options as train.py reads them, before any run (the first of each model file in the
     plan): a mistake in --train_args ends in one line naming train.py's option, and no hint names an option the
     sweep sets itself."""
-    owned = {name: f"the sweep sets --{name} for every run: use sweep.py {INSTEAD.get(name, '--' + name)}"
+    owned = {name: f"the sweep sets --{name} for every run: use tools/sweep.py {INSTEAD.get(name, '--' + name)}"
              for name in (*OWNED, *shape) if name not in ("resume", "init_from")}
     checked = set()
     for s in sweeps:
@@ -459,7 +466,7 @@ def save_run(sweep, record, header, argv):
 def command(sweep, argv):
     """The command that regenerates this sweep: argv less --max_runs and --table_only, one ablation only."""
     kept = without_options(argv, "--max_runs", "--table_only", "--ablation")
-    return ["sweep.py", *(["--ablation", sweep["name"]] if sweep["name"] else []), *kept]
+    return ["-m", "tools.sweep", *(["--ablation", sweep["name"]] if sweep["name"] else []), *kept]
 
 
 def without_options(argv, *names):

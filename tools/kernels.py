@@ -3,14 +3,14 @@ Kernels per training step and per decode step, for every model file: eager, what
 for (every launch counts there), and compiled, what torch.compile makes of the same step (train.py's default on a
 GPU), where each generated kernel is about one pass over memory.
 
-    python kernels.py                                   # eager, every model file at GPT-2 small's shape
-    python kernels.py --json results/kernels.json --update_readme   # the eager table of docs/benchmarks.md
-    python kernels.py --compiled --size small --runs all --json results/kernels_compiled.json --update_readme
-    python kernels.py --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
-    python kernels.py --device cuda --json results/h100/kernels.json --update_readme   # the launches on a GPU
-    python kernels.py --runs vanilla --with_vanilla false --json parts/vanilla.json    # a table in parts, a label
-    python kernels.py --runs vertical --with_vanilla false --json parts/vertical.json  # each, side by side, ...
-    python kernels.py --runs vertical --json kernels.json --merge parts                # ... joined into one file
+    python -m tools.kernels                                   # eager, every model file at GPT-2 small's shape
+    python -m tools.kernels --json results/kernels.json --update_readme   # the eager table of docs/benchmarks.md
+    python -m tools.kernels --compiled --size small --runs all --json results/kernels_compiled.json --update_readme
+    python -m tools.kernels --model_file path/to/model.py     # nanoGPT's (training step) or gpt-fast's (decode step)
+    python -m tools.kernels --device cuda --json results/h100/kernels.json --update_readme   # the launches on a GPU
+    python -m tools.kernels --runs vanilla --with_vanilla false --json parts/vanilla.json    # a table in parts, a label
+    python -m tools.kernels --runs vertical --with_vanilla false --json parts/vertical.json  # each, side by side, ...
+    python -m tools.kernels --runs vertical --json kernels.json --merge parts                # ... joined into one file
 
 Eager, on the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
 operator whose result aliases its input: view, transpose, expand, split, detach, _unsafe_view, ...) and operators
@@ -19,25 +19,18 @@ GPU as torch.profiler records it (an operator may launch none, one or several), 
 bf16 autocast, as train.py runs it there. Compiled (--compiled), a kernel is one that inductor generates
 (torch._inductor.metrics.generated_kernel_count: a C++ loop nest on the CPU, a Triton kernel on CUDA) while it
 compiles the step with fullgraph=True (a graph break is an error) and its caches off; the matmuls and attention,
-library calls, are not among them. On the CPU generated_kernel_count holds more than the kernels in the code: an
-outer-loop fusion counts its wrapper and its inner kernels and lands as one kernel, and one that inductor tries and
-drops counts kernels that it then generates again one by one; the JSON keeps the kernels that land in the code too
-(train_in_code, decode_in_code), and the compiled table counts the passes among those: the kernels
-whose loops cover at least one whole (B, T, d) activation of the step, where the others compute a few numbers per
-token or per parameter row. The training step is one forward with targets and its backward; the decode step
-is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
+library calls, are not among them (on the CPU the count also holds the outer-loop fusions' wrappers and the
+fusions inductor tries and drops, so it measures work to fuse, not launches). The training step is one forward
+with targets and its backward; the decode step is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
 as sample.py --compile runs it). Eager counts depend on the shapes only through which operators run, not on their
 sizes; compiled counts can change with the shape (inductor splits a large reduction), so a table names its shape.
 Each label's row is counted from a fresh model (seed 0) with nothing compiled before it, so that a table may be
-counted in parts, a label each (--with_vanilla false), in processes side by side (gpu_tables.py does), and joined
+counted in parts, a label each (--with_vanilla false), in processes side by side (tools/gpu_tables.py does), and joined
 with --merge into the file that one run of the same command would have written.
 """
 import collections
-import contextlib
 import importlib.util
-import itertools
 import json
-import math
 import os
 import shlex
 import sys
@@ -46,11 +39,17 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench import RUNS
-from common import (ConfigError, autocast, build_model, explicit_options, hardware_name, load_model_module,
-                    main_boundary, model_names, option, parse_simple, read_json, resolve_device, update_readme,
-                    without)
+if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
+    sys.exit("run it from the repository root as `python -m tools.kernels`")
+
+from common import autocast, load_model_module, model_names, resolve_device
 from generate import cache_for, compile_decode_step, decode_step, inference
+from plumbing.config import checked_model, option
+from plumbing.errors import ConfigError, main_boundary
+from plumbing.files import read_json
+from plumbing.options import explicit_options, parse_simple, without
+from tools.bench import RUNS
+from tools.tables import command_line, hardware_name, update_readme
 
 # --size: the shape options' values when not given; gpt2 is GPT-2 small's, small the model files' own defaults
 SHAPES = {
@@ -76,7 +75,7 @@ class KernelsConfig:
     batch_size: int = option(4, "sequences in the training step (--size gpt2's)", min=1)
     block_size: int = option(256, "context length: the training step's tokens per sequence; the decode step runs at "
                              "its middle, after a prefill of half of it (--size gpt2's)", min=2)
-    runs: str = option("", "comma-separated labels to count: model files, or variants as bench.py names them "
+    runs: str = option("", "comma-separated labels to count: model files, or variants as tools/bench.py names them "
                        "(vertical-unet, attnres-full, ...); '' = every model file, all = every model file and "
                        "variant; vanilla, the ratios' base, is counted too unless --with_vanilla false")
     with_vanilla: bool = option(True, "also count vanilla, the ratios' base; false = exactly the --runs labels: a part "
@@ -130,60 +129,20 @@ def count(fn, device=torch.device("cpu")):
     return counter.ops
 
 
-@contextlib.contextmanager
-def loop_sizes(sizes):
-    """Append to sizes, for every kernel that inductor's C++ backend puts in the generated code, how many elements
-    its loops cover (the largest iteration space of the operations fused into it), or None where one cannot be
-    read; nothing where this torch's inductor has no such hook (and nothing for Triton: a CUDA count has no passes).
-    Read where a kernel is added to the code (KernelGroup.finalize_kernel): an outer-loop fusion that inductor tries
-    and drops generates its kernels again one by one, and only these land; one that holds is one kernel, whose inner
-    loops read a row that its outer loop has just brought into cache. A C++ template's kernel (no scheduler nodes;
-    none at the default settings) is left out."""
-    import torch._inductor.codegen.cpp as cpp
-    group = getattr(cpp, "KernelGroup", None)
-    original = getattr(group, "finalize_kernel", None)
-    if original is None:
-        yield
-        return
-
-    def finalize_kernel(self, kernel, nodes):
-        if not nodes:  # a template's kernel: nothing to read its loops from
-            return original(self, kernel, nodes)
-        try:  # node.group: (device, (pointwise sizes, reduction sizes)), static at these shapes
-            sizes.append(max(math.prod(int(n) for n in itertools.chain(*node.group[1])) for node in nodes))
-        except (AttributeError, TypeError, ValueError):
-            sizes.append(None)
-        return original(self, kernel, nodes)
-    group.finalize_kernel = finalize_kernel
-    try:
-        yield
-    finally:
-        group.finalize_kernel = original
-
-
-def generated(fn, activation):
-    """{"generated": n, "passes": p, "in_code": k}: the kernels inductor generates while fn() compiles (and runs) a
-    step, with every cache off (a cached graph generates nothing) and dynamo's state reset first (nothing compiled
-    before is reused); on the CPU (activation given) also the kernels that land in the generated code (n counts
-    outer-loop fusions' wrappers and inner kernels, and their dropped tries, too) and the passes among them, the
-    kernels whose loops cover at least activation elements (one (B, T, d) tensor of the step) where the others
-    compute a few numbers per token or per parameter row."""
+def generated(fn):
+    """{"generated": n}: the kernels inductor generates while fn() compiles (and runs) a step, with every cache off
+    (a cached graph generates nothing) and dynamo's state reset first (nothing compiled before is reused)."""
     import torch._inductor.config
     import torch._inductor.metrics as metrics
     torch._dynamo.reset()
     off = ({"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else
            {"fx_graph_cache": False})  # an older torch: its one cache that skips code generation
-    sizes = []
-    with torch._inductor.config.patch(**off), loop_sizes(sizes) if activation else contextlib.nullcontext():
+    with torch._inductor.config.patch(**off):
         metrics.reset()
         fn()
         n = metrics.generated_kernel_count
     torch._dynamo.reset()
-    counts = collections.Counter({"generated": n})
-    if sizes and None not in sizes:
-        counts["passes"] = sum(size >= activation for size in sizes)
-        counts["in_code"] = len(sizes)
-    return counts
+    return collections.Counter({"generated": n})
 
 
 def training_step(model, batch_size, block_size, vocab_size, device=torch.device("cpu"), compiled=False):
@@ -197,7 +156,7 @@ def training_step(model, batch_size, block_size, vocab_size, device=torch.device
         loss.backward()
         model.zero_grad(set_to_none=True)
     if compiled:
-        return generated(step, batch_size * block_size * model.config.n_embd if device.type == "cpu" else None)
+        return generated(step)
     step()  # once before counting: lazily made state (rotary tables on first use, grads' buffers)
     return count(step, device)
 
@@ -211,8 +170,7 @@ def decode(model, block_size, vocab_size, device=torch.device("cpu"), batch_size
         forward(prompt, cache=cache, input_pos=torch.arange(block_size // 2, device=device))
     token, pos = prompt[:, -1:], torch.tensor([block_size // 2], device=device)
     if compiled:  # the step sample.py --compile runs: one graph, a CUDA graph on CUDA
-        return generated(lambda: compile_decode_step(model, device)(token, pos, cache),
-                         batch_size * model.config.n_embd if device.type == "cpu" else None)
+        return generated(lambda: compile_decode_step(model, device)(token, pos, cache))
     decode_step(model, token, pos, cache)  # once before counting
     return count(lambda: decode_step(model, token, pos + 1, cache), device)
 
@@ -297,7 +255,8 @@ def merged(args, argv):
     rows, first = {}, None
     for label, _, _ in args.labels:
         path = os.path.join(args.merge, f"{label}.json")
-        fix = ("count it: `" + shlex.join(["python", "kernels.py", *alone, "--runs", label, "--with_vanilla", "false",
+        fix = ("count it: `" + shlex.join(["python", "-m", "tools.kernels", *alone, "--runs", label, "--with_vanilla",
+                                           "false",
                                            "--json", path]) + "`")
         part = read_json(path, "--merge part", fix)
         shape = part.get("shape") if isinstance(part, dict) else None
@@ -312,7 +271,7 @@ def merged(args, argv):
                               f"first part's device and torch) has {want[wrong[0]]!r}; {fix}")
         rows[label] = models[label]
     return {"shape": header(args, first["device"], dtype, first["torch"],
-                            shlex.join(["python", "kernels.py", *command])),
+                            shlex.join(["python", "-m", "tools.kernels", *command])),
             "models": rows}
 
 
@@ -350,14 +309,12 @@ def counted(args, argv, device):
     for label, name, overrides in args.labels:
         torch.manual_seed(0)  # each row's random model and tokens, whichever rows are counted before it
         module = load_model_module(name)
-        model = build_model(module, {**{k: getattr(args, k) for k in MODEL_SHAPE}, "block_size": args.block_size,
+        model = checked_model(module, {**{k: getattr(args, k) for k in MODEL_SHAPE}, "block_size": args.block_size,
                                      **overrides},
                             "the shape options: choose a shape every model file takes, such as the default").to(device)
         train = training_step(model, args.batch_size, args.block_size, args.vocab_size, device, args.compiled)
         step = decode(model, args.block_size, args.vocab_size, device, compiled=args.compiled)
-        cpu_only = {f"{part}_{key}": counts.pop(key) for part, counts in (("train", train), ("decode", step))
-                    for key in ("passes", "in_code") if key in counts}  # before the sums: they are not kernels
-        rows[label] = {"train": sum(train.values()), "decode": sum(step.values()), **cpu_only,
+        rows[label] = {"train": sum(train.values()), "decode": sum(step.values()),
                        "train_ops": dict(train.most_common()), "decode_ops": dict(step.most_common())}
         if args.compiled:
             print(f"{label}: {rows[label]['train']} generated kernels per training step, {rows[label]['decode']} per "
@@ -365,7 +322,7 @@ def counted(args, argv, device):
         del model
     dtype = "float32" if device.type == "cpu" else "bf16 autocast"
     return {"shape": header(args, hardware_name(device), dtype, torch.__version__,
-                            shlex.join(["python", "kernels.py", *argv])),
+                            shlex.join(["python", "-m", "tools.kernels", *argv])),
             "models": rows}
 
 
@@ -383,13 +340,9 @@ def publish(saved, args):
     kind = "kernels inductor generates" if shape.get("compiled") else "ATen operators" if cpu else "kernel launches"
     what = f"{kind}, {dtype}, {shape['device']}"
     size = (f"{shape['n_layer']} x {shape['n_embd']}, vocab {shape['vocab_size']}, batch {shape['batch_size']} x "
-            f"{shape['block_size']}, torch {shape['torch']}" + (f"; `{command}`" if command else ""))
+            f"{shape['block_size']}, torch {shape['torch']}" + (f"; `{command_line(command)}`" if command else ""))
     if shape.get("compiled"):
-        # columns of (count, x vanilla's): the kernels, and where counted (the CPU) the passes among them
-        parts = ["train", "decode"] + (["train_passes", "decode_passes"]
-                                       if all("train_passes" in r for r in rows.values()) else [])
-        names = {"train": "fwd+bwd", "decode": "decode step", "train_passes": "passes, fwd+bwd",
-                 "decode_passes": "passes, decode"}
+        parts, names = ["train", "decode"], {"train": "fwd+bwd", "decode": "decode step"}  # (count, x vanilla's)
         lines = [f"Compiled kernels per training step (forward + backward) and per decode step ({what}), {size}:", "",
                  "| model |" + "".join(f" {names[p]} | x vanilla |" for p in parts), "|---|" + "--:|--:|" * len(parts)]
         lines += [f"| {label} |" + "".join(f" {r[p]} | {r[p] / rows['vanilla'][p]:.2f} |" for p in parts)

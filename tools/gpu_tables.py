@@ -1,16 +1,16 @@
 """
 Every GPU table of docs/benchmarks.md in one command, each a JSON under results/<gpu>/ (results/h100/ on an H100):
 
-    python gpu_tables.py                          # every part, in the order below
-    python gpu_tables.py --parts compiled,decode  # some of them
-    python gpu_tables.py --dry_run                # print the commands only
+    python -m tools.gpu_tables                          # every part, in the order below
+    python -m tools.gpu_tables --parts compiled,decode  # some of them
+    python -m tools.gpu_tables --dry_run                # print the commands only
 
-The parts, each one run of bench.py or kernels.py at the Vertical Attention paper's 300m shape, bf16 autocast,
+The parts, each one run of tools/bench.py or tools/kernels.py at the Vertical Attention paper's 300m shape, bf16 autocast,
 every model file with its default settings (--runs):
     compiled     training, torch.compile, 1024 tokens: tokens/s, MFU and peak memory, as ratios to vanilla
     decode       greedy generation with the compiled decode step (sample.py --compile), batch 1; eager too with
                  --decode_eager true
-    kernels      the GPU's kernel launches per eager training step and per decode step (kernels.py --device cuda)
+    kernels      the GPU's kernel launches per eager training step and per decode step (tools/kernels.py --device cuda)
     eager        training without torch.compile, 1024 tokens
     compiled4096 training, torch.compile, 4096 tokens
     kernels_compiled  the Triton kernels inductor generates per training step and per decode step
@@ -19,12 +19,12 @@ and the command exits non-zero if any failed.
 
 Most of the time is compiling: on one H100 each model's training step compiles for 30 to 80 s, so the six models'
 steps at two lengths and their decode steps would take over 10 minutes in a row. So the command runs in two
-phases. First, it compiles every step that a timed part will compile (bench.py --warm_only: measuring nothing;
+phases. First, it compiles every step that a timed part will compile (tools/bench.py --warm_only: measuring nothing;
 inductor keeps each compiled step in its cache on disk) and runs the parts that only count, in two pools of
 processes side by side, sized by GPU memory: a training step of the 300m shape holds about 16 GB while it
-compiles, so --jobs of those at a time; the decode steps (batch 1) and the counts (kernels.py, one process per
+compiles, so --jobs of those at a time; the decode steps (batch 1) and the counts (tools/kernels.py, one process per
 model, each counting its label alone) hold little, so --light_jobs of those at a time beside them. Once both pools
-are done, kernels.py --merge joins each count's files into the JSON file that one run of it would have written, and
+are done, tools/kernels.py --merge joins each count's files into the JSON file that one run of it would have written, and
 writes its table into docs/ (one merge at a time: two processes rewriting one page at once could lose a table).
 Then the timed parts run one after another, alone on the machine, and their models compile from that cache in
 seconds.
@@ -41,8 +41,13 @@ from dataclasses import dataclass
 
 import torch
 
-from common import (ConfigError, RunError, hardware_name, main_boundary, option, parse_simple, update_readme,
-                    without)
+if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
+    sys.exit("run it from the repository root as `python -m tools.gpu_tables`")
+
+from plumbing.config import option
+from plumbing.errors import ConfigError, RunError, main_boundary
+from plumbing.options import parse_simple, without
+from tools.tables import hardware_name, update_readme
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
 COUNTING = ("kernels_compiled", "kernels")  # the parts that time nothing: the first phase counts them, a label a job
@@ -52,25 +57,25 @@ COMPILING = ("compiled4096", "compiled", "decode")  # the timed parts that compi
 # decode step or a count at a small shape holds little (so --light_jobs more beside them)
 HEAVY = ("compiled4096", "compiled")
 LIGHT = ("kernels_compiled", "decode", "kernels")
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 @dataclass
 class TablesConfig:
     parts: str = option(",".join(PARTS), "comma-separated parts to run, in this order: " + ", ".join(PARTS))
-    runs: str = option("vertical,skiplayer,attnres,aila,skipmiddle", "bench.py's --runs: the labels measured beside "
+    runs: str = option("vertical,skiplayer,attnres,aila,skipmiddle", "tools/bench.py's --runs: the labels measured beside "
                        "vanilla")
     out: str = option("", "folder of the JSON files; '' = results/<gpu>, the GPU's model in lower case (h100, h200)",
                       path=True, out="folder")
-    repeats: int = option(3, "timed repeats per model (bench.py --repeats)", min=1)
-    iters: int = option(5, "training steps per timed repeat (bench.py --iters)", min=1)
+    repeats: int = option(3, "timed repeats per model (tools/bench.py --repeats)", min=1)
+    iters: int = option(5, "training steps per timed repeat (tools/bench.py --iters)", min=1)
     jobs: int = option(4, "processes compiling training steps at once before the timed parts (each holds a training "
                        "step of the 300m shape on the GPU, about 16 GB); 1 = no such phase: each part runs in turn and "
                        "compiles or counts its models itself", min=1)
     light_jobs: int = option(4, "processes at once beside those, for the first phase's jobs that hold little GPU "
                              "memory: the decode steps' compiles (batch 1) and the kernel counts, a label each (none "
                              "with --jobs 1)", min=1)
-    decode_eager: bool = option(False, "the decode part also times eager decoding (bench.py --decode_modes "
+    decode_eager: bool = option(False, "the decode part also times eager decoding (tools/bench.py --decode_modes "
                                 "eager,compiled); the summary reads only the compiled step")
     update_readme: bool = option(True, "also rewrite the tables' copies in docs/ (between each JSON's markers)")
     dry_run: bool = option(False, "print the commands and run nothing (also where there is no GPU)")
@@ -91,17 +96,17 @@ def commands(args, out):
     readme = ["--update_readme"] if args.update_readme else []
     runs = ",".join(labels(args))
     every = {
-        "compiled": ["bench.py", *train, "--compile", "--block_size", "1024", "--batch_size", "16",
+        "compiled": ["-m", "tools.bench", *train, "--compile", "--block_size", "1024", "--batch_size", "16",
                      "--json", f"{out}/bench_300m_1024.json"],
-        "decode": ["bench.py", "--size", "300m", "--device", "cuda", "--decode", "--runs", args.runs,
+        "decode": ["-m", "tools.bench", "--size", "300m", "--device", "cuda", "--decode", "--runs", args.runs,
                    "--decode_batches", "1", "--decode_modes", "eager,compiled" if args.decode_eager else "compiled",
                    "--repeats", str(args.repeats), "--json", f"{out}/decode.json", *readme],
-        "kernels": ["kernels.py", "--device", "cuda", "--runs", runs, "--json", f"{out}/kernels.json", *readme],
-        "eager": ["bench.py", *train, "--block_size", "1024", "--batch_size", "16",
+        "kernels": ["-m", "tools.kernels", "--device", "cuda", "--runs", runs, "--json", f"{out}/kernels.json", *readme],
+        "eager": ["-m", "tools.bench", *train, "--block_size", "1024", "--batch_size", "16",
                   "--json", f"{out}/bench_300m_1024_eager.json"],
-        "compiled4096": ["bench.py", *train, "--compile", "--block_size", "4096", "--batch_size", "4",
+        "compiled4096": ["-m", "tools.bench", *train, "--compile", "--block_size", "4096", "--batch_size", "4",
                          "--json", f"{out}/bench_300m_4096.json"],
-        "kernels_compiled": ["kernels.py", "--device", "cuda", "--compiled", "--size", "small", "--runs", runs,
+        "kernels_compiled": ["-m", "tools.kernels", "--device", "cuda", "--compiled", "--size", "small", "--runs", runs,
                              "--json", f"{out}/kernels_compiled.json", *readme],
     }
     wanted = args.parts.split(",")
@@ -117,7 +122,7 @@ def labels(args):
 
 
 def warm_commands(todo, args):
-    """[(name, argv)]: for each timed part that compiles, one bench.py --warm_only per model, the part's own command
+    """[(name, argv)]: for each timed part that compiles, one tools/bench.py --warm_only per model, the part's own command
     otherwise (its shapes, dtype and steps), so that inductor's cache holds exactly what the part will compile."""
     return [(f"{part} {label}", [*without(todo[part], "--runs", "--json", "--update_readme"), "--runs", label,
                                  "--warm_only"])
@@ -132,7 +137,7 @@ def parts_folder(argv):
 
 
 def count_commands(part, argv, args):
-    """[(name, argv)] of a counting part's command (kernels.py, argv) split by label: each counts its label alone
+    """[(name, argv)] of a counting part's command (tools/kernels.py, argv) split by label: each counts its label alone
     (--with_vanilla false) into parts_folder()/<label>.json, which merge_command() joins."""
     folder = parts_folder(argv)
     return [(f"{part} {label}", [*without(argv, "--runs", "--json", "--update_readme"), "--runs", label,
@@ -163,7 +168,7 @@ def run_logged(name, argv, logs):
     comes to logs/<name>.log (what a run stopped halfway leaves)."""
     log, t0 = os.path.join(logs, name.replace(" ", "_") + ".log"), time.perf_counter()
     with open(log, "w") as f:
-        code = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     return name, argv, code, time.perf_counter() - t0, log
 
 
@@ -217,7 +222,7 @@ def summary(out):
                                                        "bench_300m_4096.json", "decode.json"))
     first = next((t for t in (compiled, decode, eager, long) if t), None)
     if first is None:
-        raise ConfigError(f"--summary: no bench.py JSON file in {out}; run the parts first")
+        raise ConfigError(f"--summary: no tools/bench.py JSON file in {out}; run the parts first")
     rows = {}
     for key, table in (("compiled", compiled), ("eager", eager), ("long", long)):
         for r in (table or {}).get("results", []):
@@ -293,7 +298,7 @@ def main(argv):
         argv_ = todo[part]
         print(f"# {part}: {shlex.join(['python', *argv_])}", flush=True)
         t0 = time.perf_counter()
-        code = subprocess.run([sys.executable, *argv_], cwd=HERE).returncode
+        code = subprocess.run([sys.executable, *argv_], cwd=ROOT).returncode
         print(f"# {part}: {'done' if code == 0 else f'failed (exit {code})'} in {time.perf_counter() - t0:.0f} s",
               flush=True)
         if code:

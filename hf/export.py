@@ -1,5 +1,5 @@
 """
-A run as a Hugging Face model folder: python export.py --out_dir out/run --to models/run-hf
+A run as a Hugging Face model folder: python -m hf.export --out_dir out/run --to models/run-hf
 
 A vanilla run becomes a plain Llama or Qwen3 folder (config.json, model.safetensors: Qwen3ForCausalLM when the
 model has QK-norm, else LlamaForCausalLM), which transformers loads as it loads theirs. A run of any other model
@@ -12,12 +12,19 @@ AutoTokenizer loads: an hf:DIR tokenizer's files, the byte tokenizer as a tokeni
 come back with `train.py --init_from DIR`.
 """
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 
-import hf
-from common import ConfigError, model_from_checkpoint, main_boundary, option, parse_simple
+if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
+    sys.exit("run it from the repository root as `python -m hf.export`")
+
+from common import model_from_checkpoint
+from hf import convert
+from plumbing.config import option
+from plumbing.errors import ConfigError, main_boundary
+from plumbing.options import parse_simple
 
 
 @dataclass
@@ -42,15 +49,12 @@ def main(argv):
     model_args = dict(vars(model.config))  # the checkpoint's options, with the defaults of any it predates
     source = ckpt.get("train_config", {}).get("init_from") or None
     dtype = getattr(torch, args.dtype)
-    try:
-        if ckpt["model_name"] == "vanilla":  # transformers' own Llama or Qwen3
-            config = hf.export(model.state_dict(), model_args, args.to, ckpt["meta"], source, dtype=dtype,
-                               tokenizer=args.tokenizer or None)
-        else:
-            config = hf.export_custom(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"],
-                                      dtype=dtype, tokenizer=args.tokenizer or None)
-    except hf.HFError as e:
-        raise ConfigError(str(e))
+    if ckpt["model_name"] == "vanilla":  # transformers' own Llama or Qwen3
+        config = convert.export(model.state_dict(), model_args, args.to, ckpt["meta"], source, dtype=dtype,
+                                tokenizer=args.tokenizer or None)
+    else:
+        config = convert.export_custom(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"],
+                                       dtype=dtype, tokenizer=args.tokenizer or None)
     print(f"wrote {args.to}: {config['architectures'][0]}, {sum(p.numel() for p in model.parameters()):,} "
           f"parameters ({args.dtype})")
 

@@ -1,0 +1,79 @@
+"""
+Plumbing a learner may skip: the constraints declared with each option. A config dataclass's fields are made with
+option(): default, --help text and rules side by side; check_config() applies the rules to a dict of values and
+make_config() builds the dataclass only from values that pass, so that a bad value ends in one line naming it.
+The model files define the same option() helper for their GPTConfig (they import nothing of the repository).
+"""
+import dataclasses
+import math
+import sys
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("plumbing/config.py is a library module (the constraints of every script's options); run a script, "
+             "e.g. `python train.py --help`")
+
+from plumbing.errors import ConfigError
+
+
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints (min / max, above / below, choices; path: a file
+    name; out="file" or "folder": what the script writes there; required), which check_config() and the parsers
+    apply before any work; the model files define the same helper for their GPTConfig."""
+    return dataclasses.field(default=default, metadata=dict(doc=doc, **rules))
+
+
+def check_config(config_class, values):
+    """ValueError naming the first field of config_class whose value in values (a dict; a missing field has its
+    default) breaks its type or its declared constraints: min / max (inclusive), above / below (exclusive),
+    choices; a float must also be finite, an int fit in 64 bits."""
+    for f in dataclasses.fields(config_class):
+        value, rule, name = values.get(f.name, f.default), f.metadata, f"--{f.name}"
+        if value is None and f.default is None:
+            continue  # a None default means "not given"
+        kind = f.type
+        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value}")
+        if type(value) is int and not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} must fit in 64 bits, not {value}")
+        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+        if "choices" in rule and value not in rule["choices"]:
+            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        if low is not None and below is not None and not low <= value < below:
+            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
+        if above is not None and below is not None and not above < value < below:
+            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name} must be {low} or more, not {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name} must be {high} or less, not {value}")
+        if above is not None and not value > above:
+            raise ValueError(f"{name} must be above {above}, not {value}")
+        if below is not None and not value < below:
+            raise ValueError(f"{name} must be below {below}, not {value}")
+
+
+def make_config(config_class, **values):
+    """config_class(**values) after check_config(): each field's constraints first, then its __post_init__'s
+    rules across fields (which may divide by a field that the first check keeps from being 0); ValueError naming
+    the option."""
+    check_config(config_class, values)
+    return config_class(**values)
+
+
+
+
+def checked_model(module, model_args, source):
+    """module.GPT of model_args (a dict), after checking them against its GPTConfig: ConfigError names the field
+    the model file does not know or the option it rejects, and source, where the values came from."""
+    extra = set(model_args) - {f.name for f in dataclasses.fields(module.GPTConfig)}
+    if extra:
+        raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
+                          "does not know; it was saved by another version of that file")
+    try:
+        return module.GPT(make_config(module.GPTConfig, **model_args))
+    except ValueError as e:
+        raise ConfigError(f"{e} ({module.__name__}.py, from {source})")

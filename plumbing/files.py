@@ -1,0 +1,159 @@
+"""
+Plumbing a learner may skip: every file a script reads goes through these readers, so that a bad one ends in one
+line naming it, and every file a script writes is written whole or not at all. JSON is strict (no NaN or
+Infinity). meta.json of a prepared data set and its token splits are checked here.
+"""
+import difflib
+import json
+import math
+import os
+import shlex
+import sys
+
+import numpy as np
+import torch
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("plumbing/files.py is a library module (the readers and writers of every file the scripts use); run a "
+             "script, e.g. `python train.py --help`")
+
+from plumbing.errors import ConfigError
+
+
+def read_bytes(path, what, fix):
+    """The bytes of the file at path; ConfigError (naming what it is and the fix) if it is missing, a folder or
+    unreadable."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a folder, not a file; {fix}")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; {fix}")
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
+
+
+def read_text(path, what, fix):
+    """The UTF-8 text of the file at path (read_bytes' checks, and not UTF-8)."""
+    data = read_bytes(path, what, fix)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {path} is not UTF-8 text (line {line}); {fix}")
+
+
+def _not_json(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text):
+    """json.loads, refusing NaN and Infinity (Python's json takes them; JSON has no such numbers)."""
+    return json.loads(text, parse_constant=_not_json)
+
+
+def read_json(path, what, fix):
+    """The JSON value in the file at path; ConfigError for every way it can be wrong, naming where."""
+    text = read_text(path, what, fix)
+    try:
+        return parse_json(text)
+    except ValueError as e:
+        raise ConfigError(f"{what} {path} is not readable JSON ({' '.join(str(e).split())[:120]}); {fix}")
+
+
+def json_safe(value):
+    """value with every float that is not finite replaced by None, in dicts, lists and tuples too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def has_nonfinite(value):
+    """Whether value holds a float that is not finite (which to_json() writes as null)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return any(has_nonfinite(v) for v in items)
+
+
+def to_json(value, **kwargs):
+    """Strict JSON, which every tool reads: a value that is not finite becomes null (json_safe())."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+REDO = "run prepare.py again to remake the data set"
+
+
+def prepare_hint(data_dir, dataset):
+    """What to run for a data set that is not prepared: the command that makes it where prepare.py knows its name,
+    else the nearest name (a typo) prepare.py knows or data_dir holds, else how to make one of your own files."""
+    from prepare import DATASETS  # prepare.py imports this module: read its names when they are needed
+    out = "" if os.path.normpath(data_dir) == "data" else f" --out_dir {shlex.quote(data_dir)}"
+    if dataset in DATASETS:
+        return f"run `python prepare.py --dataset {dataset}{out}` first"
+    if os.path.basename(dataset) != dataset or dataset in ("", ".", ".."):
+        return (f"--dataset names one folder inside --data_dir, without / or .. (prepare.py makes "
+                f"{', '.join(DATASETS)}, or one of your own with --files and --name)")
+    prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ()) if d != dataset and all(
+        os.path.isfile(os.path.join(data_dir, d, f)) for f in ("meta.json", "train.bin", "val.bin"))]
+    close = difflib.get_close_matches(dataset, [*prepared, *DATASETS], 1, 0.6)
+    if close and close[0] in prepared:
+        return f"did you mean --dataset {close[0]}? ({data_dir} holds it)"
+    if close:
+        return f"did you mean --dataset {close[0]}? run `python prepare.py --dataset {close[0]}{out}` first"
+    return (f"prepare.py knows no data set of that name ({', '.join(DATASETS)}); to make {dataset} from text files of "
+            f"your own, run `python prepare.py --files FILE ... --name {shlex.quote(dataset)}{out}`")
+
+
+def read_meta(data_dir, dataset):
+    """meta.json of a prepared data set, checked; ConfigError names the fix."""
+    folder = os.path.join(data_dir, dataset)
+    meta_path = os.path.join(folder, "meta.json")
+    if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
+        raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); "
+                          + prepare_hint(data_dir, dataset))
+    meta = read_json(meta_path, "the data set's meta.json", REDO)
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{meta_path} is not a JSON object; {REDO}")
+    missing = [k for k in ("tokenizer", "vocab_size", "dtype") if k not in meta]
+    if missing:
+        raise ConfigError(f"{meta_path} lacks {', '.join(missing)}; {REDO}")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise ConfigError(f"{meta_path} names dtype {meta['dtype']!r}; prepare.py writes uint16 or uint32; {REDO}")
+    if type(meta["vocab_size"]) is not int or meta["vocab_size"] < 1:
+        raise ConfigError(f"{meta_path} names vocab_size {meta['vocab_size']!r}; {REDO}")
+    return meta
+
+
+def split_tokens(data_dir, dataset, split, meta):
+    """The number of tokens in split.bin, after checking that the file is whole and matches meta.json."""
+    path = os.path.join(data_dir, dataset, f"{split}.bin")
+    if not os.path.isfile(path):
+        raise ConfigError(f"no {path}; {REDO}")
+    size, itemsize = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
+    if size % itemsize:
+        raise ConfigError(f"{path} holds {size} bytes, not a whole number of {meta['dtype']} tokens: it is cut "
+                          f"short or meta.json names the wrong dtype; {REDO}")
+    n = size // itemsize
+    if meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
+        raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
+                          f"{REDO}")
+    return n
+
+
+def save_checkpoint(path, ckpt):
+    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
+    tmp = path + ".tmp"
+    try:
+        torch.save(ckpt, tmp)
+    except (OSError, RuntimeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
+                          "or choose another --out_dir; the previous checkpoint is kept")
+    os.replace(tmp, path)
