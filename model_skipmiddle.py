@@ -71,36 +71,6 @@ class GPTConfig:
                              "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
 
 
-class GatedRMSNorm(torch.autograd.Function):
-    """g * RMSNorm(y) = n w g, n = y r, r = 1 / sqrt(mean(y^2) + eps), for the output norm's input y (B, T, d), its
-    weight w (d,) and the gate g (B, T, 1), with the gradient written out as model_vanilla's RMSNormFunction writes
-    it, dL/dy = r (u - n mean(u n)) for u = w g dL/dout. It keeps n only: autograd would keep n for w's gradient
-    AND n * w for g's."""
-
-    @staticmethod
-    def forward(ctx, y, w, g, eps):
-        yf = y.to(torch.promote_types(y.dtype, torch.float32))  # as RMSNorm: in float32 at least
-        r = torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + eps)  # (B, T, 1)
-        n = (yf * r).type_as(y)
-        ctx.save_for_backward(n, r, w, g)
-        return n * w * g
-
-    @staticmethod
-    def backward(ctx, grad):
-        n, r, w, g = ctx.saved_tensors
-        u, nf = (grad * w * g).to(r.dtype), n.to(r.dtype)
-        dy = torch.addcmul(u, nf, (u * nf).mean(-1, keepdim=True), value=-1) * r
-        return dy.type_as(n), (grad * n * g).flatten(0, -2).sum(0), (grad * n * w).sum(-1, keepdim=True), None
-
-
-def gated_norm(norm, y, g):
-    """g * norm(y) for the RMSNorm module `norm` (norm(y) alone when g is None), saving for the backward what
-    norm(y) alone saves (see GatedRMSNorm)."""
-    if g is None:
-        return norm(y)
-    return GatedRMSNorm.apply(y, norm.weight, g.unsqueeze(-1).to(y.dtype), norm.eps)
-
-
 def gate_into_keys(q, k, v, g):
     """Carry the per-key gate bias ln(max(g_j, eps)) of eq. 3 inside the keys, so that plain causal SDPA adds it:
     q gets one more coordinate c, k gets ln(max(g_j, eps)) / (c * scale), scale = 1/sqrt(hd) of the UNPADDED
@@ -322,10 +292,17 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, cache=None, input_pos=None, g=None):
         # g (B, T): this block's gate per token, None in the dense model; g == 0 leaves the token's stream as it is
-        x = x + self.drop(gated_norm(self.attn_out_norm, self.attn(self.attn_norm(x), cos, sin, cache, input_pos, g),
-                                     g))
-        x = x + self.drop(gated_norm(self.mlp_out_norm, self.mlp(self.mlp_norm(x)), g))
+        y = self.attn(self.attn_norm(x), cos, sin, cache, input_pos, g)
+        x = x + self.drop(times_gate(g, self.attn_out_norm(y), y.dtype))  # x + g * Norm(Attn(Norm(x), g))
+        y = self.mlp(self.mlp_norm(x))
+        x = x + self.drop(times_gate(g, self.mlp_out_norm(y), y.dtype))   # x + g * Norm(MLP(Norm(x)))
         return x
+
+
+def times_gate(g, out, dtype):
+    """g * out for the gate g (B, T) and a block's normed output out (B, T, d), g cast to dtype, that of the
+    module's output before its norm (bf16 under autocast); out itself when g is None (the dense model)."""
+    return out if g is None else out * g.unsqueeze(-1).to(dtype)
 
 
 class CausalSelfAttention(nn.Module):
