@@ -14,7 +14,6 @@ The final RMSNorm and head read h_L. Arch 2 runs by linearity, q . W_K h_i = (W_
 sum_i alpha_i W_V h_i = W_V sum_i alpha_i h_i: one key and one value product per layer, not one per source.
 docs/aila.md has the readings of the paper, the parameter counts, the costs and the Hugging Face notes.
 """
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -71,24 +70,9 @@ class GPTConfig:
 
 def softmax_over(logits):
     """softmax_i over a list of same-shaped tensors, element by element: the softmax of their stack along a new last
-    axis, unstacked, in float32 at least (also under autocast). Eager that is two kernel launches. Compiled, it is
-    the same arithmetic written across the list (softmax_across), which inductor fuses into one small loop before
-    the pass that mixes the sources, where of the stacked softmax it makes a stack and two reductions of their own."""
-    if torch.compiler.is_compiling():
-        return softmax_across(logits)
+    axis, unstacked, in float32 at least (also under autocast)."""
     dtype = torch.promote_types(logits[0].dtype, torch.float32)
     return torch.stack(logits, -1).softmax(-1, dtype=dtype).unbind(-1)
-
-
-def softmax_across(logits):
-    """softmax_over's arithmetic across the list: exp(logits[i] - m) / sum_j exp(logits[j] - m), m their maximum.
-    The softmax does not depend on m, so m takes no gradient (as in torch's softmax): its backward would be a mask
-    per source that inductor computes in a loop of its own."""
-    logits = [x.to(torch.promote_types(x.dtype, torch.float32)) for x in logits]
-    m = functools.reduce(torch.maximum, logits).detach()
-    e = [torch.exp(x - m) for x in logits]
-    total = functools.reduce(torch.add, e)
-    return [x / total for x in e]
 
 
 class LayerAttention(nn.Module):

@@ -15,7 +15,6 @@ An output mix with its own w and g over all sources feeds the final RMSNorm and 
 2d(2L + 1). docs/attnres.md has the block split, how the mix shares work, the readings of the papers (the recency
 bias, step 0 from a pretrained model, the logit lens) and the parameter counts.
 """
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -89,24 +88,9 @@ def inv_rms(v, eps):
 
 def softmax_over(logits):
     """softmax_i over a list of same-shaped tensors, element by element: the softmax of their stack along a new last
-    axis, unstacked, in float32 at least (also under autocast). Eager that is two kernel launches. Compiled, it is
-    the same arithmetic written across the list (softmax_across), which inductor fuses into one small loop before
-    the pass that mixes the sources, where of the stacked softmax it makes a stack and two reductions of their own."""
-    if torch.compiler.is_compiling():
-        return softmax_across(logits)
+    axis, unstacked, in float32 at least (also under autocast)."""
     dtype = torch.promote_types(logits[0].dtype, torch.float32)
     return torch.stack(logits, -1).softmax(-1, dtype=dtype).unbind(-1)
-
-
-def softmax_across(logits):
-    """softmax_over's arithmetic across the list: exp(logits[i] - m) / sum_j exp(logits[j] - m), m their maximum.
-    The softmax does not depend on m, so m takes no gradient (as in torch's softmax): its backward would be a mask
-    per source that inductor computes in a loop of its own."""
-    logits = [x.to(torch.promote_types(x.dtype, torch.float32)) for x in logits]
-    m = functools.reduce(torch.maximum, logits).detach()
-    e = [torch.exp(x - m) for x in logits]
-    total = functools.reduce(torch.add, e)
-    return [x / total for x in e]
 
 
 class AttnRes(nn.Module):
