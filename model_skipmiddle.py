@@ -82,7 +82,7 @@ def gate_into_keys(q, k, v, g):
     g = g.to(torch.promote_types(g.dtype, torch.float32))  # the log in float32 at least (float64 in tests)
     bias = torch.log(g.clamp(min=GATE_EPS)) * (hd ** 0.5 / GATE_C)                 # (B, Tk)
     bias = bias[:, None, :, None].expand(-1, k.size(1), -1, 1).to(k.dtype)         # (B, H_kv, Tk, 1)
-    # new_full: full_like(q[..., :1]) would keep q's transposed layout, which inductor copies (docs/skipmiddle.md)
+    # q: its hd coordinates, then c, then zeros; k: its hd coordinates, then the bias, then zeros (hp in all)
     q = torch.cat((q, q.new_full((*q.shape[:-1], 1), GATE_C), q.new_zeros(*q.shape[:-1], pad - 1)), dim=-1)
     k = torch.cat((k, bias, k.new_zeros(*k.shape[:-1], pad - 1)), dim=-1)
     return q, k, F.pad(v, (0, pad))

@@ -80,7 +80,7 @@ def vertical_mix(sources, inv_norms, alpha):
     w = alpha * torch.cat(inv_norms, dim=-1)  # alpha_i / ||h^i||: (B, T, l)
     w = (w / w.sum(-1, keepdim=True)).split(1, dim=-1)  # alpha~ (eq. 3): l views (B, T, 1)
     v = sources[0] * w[0]
-    for i in range(1, len(sources)):  # over sources, never over tokens; torch.compile fuses it into one kernel
+    for i in range(1, len(sources)):  # sum_i alpha~_i h^i, a loop over the sources, never over tokens
         v = torch.addcmul(v, sources[i], w[i])
     return v.type_as(sources[-1])
 
