@@ -71,36 +71,6 @@ class GPTConfig:
                              "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
 
 
-class GatedRMSNorm(torch.autograd.Function):
-    """g * RMSNorm(y) = n w g, n = y r, r = 1 / sqrt(mean(y^2) + eps), for the output norm's input y (B, T, d), its
-    weight w (d,) and the gate g (B, T, 1), with the gradient written out as model_vanilla's RMSNormFunction writes
-    it, dL/dy = r (u - n mean(u n)) for u = w g dL/dout. It keeps n only: autograd would keep n for w's gradient
-    AND n * w for g's."""
-
-    @staticmethod
-    def forward(ctx, y, w, g, eps):
-        yf = y.to(torch.promote_types(y.dtype, torch.float32))  # as RMSNorm: in float32 at least
-        r = torch.rsqrt(yf.pow(2).mean(-1, keepdim=True) + eps)  # (B, T, 1)
-        n = (yf * r).type_as(y)
-        ctx.save_for_backward(n, r, w, g)
-        return n * w * g
-
-    @staticmethod
-    def backward(ctx, grad):
-        n, r, w, g = ctx.saved_tensors
-        u, nf = (grad * w * g).to(r.dtype), n.to(r.dtype)
-        dy = torch.addcmul(u, nf, (u * nf).mean(-1, keepdim=True), value=-1) * r
-        return dy.type_as(n), (grad * n * g).flatten(0, -2).sum(0), (grad * n * w).sum(-1, keepdim=True), None
-
-
-def gated_norm(norm, y, g):
-    """g * norm(y) for the RMSNorm module `norm` (norm(y) alone when g is None), saving for the backward what
-    norm(y) alone saves (see GatedRMSNorm)."""
-    if g is None:
-        return norm(y)
-    return GatedRMSNorm.apply(y, norm.weight, g.unsqueeze(-1).to(y.dtype), norm.eps)
-
-
 def gate_into_keys(q, k, v, g):
     """Carry the per-key gate bias ln(max(g_j, eps)) of eq. 3 inside the keys, so that plain causal SDPA adds it:
     q gets one more coordinate c, k gets ln(max(g_j, eps)) / (c * scale), scale = 1/sqrt(hd) of the UNPADDED
@@ -112,7 +82,7 @@ def gate_into_keys(q, k, v, g):
     g = g.to(torch.promote_types(g.dtype, torch.float32))  # the log in float32 at least (float64 in tests)
     bias = torch.log(g.clamp(min=GATE_EPS)) * (hd ** 0.5 / GATE_C)                 # (B, Tk)
     bias = bias[:, None, :, None].expand(-1, k.size(1), -1, 1).to(k.dtype)         # (B, H_kv, Tk, 1)
-    # new_full: full_like(q[..., :1]) would keep q's transposed layout, which inductor copies (docs/skipmiddle.md)
+    # q: its hd coordinates, then c, then zeros; k: its hd coordinates, then the bias, then zeros (hp in all)
     q = torch.cat((q, q.new_full((*q.shape[:-1], 1), GATE_C), q.new_zeros(*q.shape[:-1], pad - 1)), dim=-1)
     k = torch.cat((k, bias, k.new_zeros(*k.shape[:-1], pad - 1)), dim=-1)
     return q, k, F.pad(v, (0, pad))
@@ -322,10 +292,17 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, cache=None, input_pos=None, g=None):
         # g (B, T): this block's gate per token, None in the dense model; g == 0 leaves the token's stream as it is
-        x = x + self.drop(gated_norm(self.attn_out_norm, self.attn(self.attn_norm(x), cos, sin, cache, input_pos, g),
-                                     g))
-        x = x + self.drop(gated_norm(self.mlp_out_norm, self.mlp(self.mlp_norm(x)), g))
+        y = self.attn(self.attn_norm(x), cos, sin, cache, input_pos, g)
+        x = x + self.drop(times_gate(g, self.attn_out_norm(y), y.dtype))  # x + g * Norm(Attn(Norm(x), g))
+        y = self.mlp(self.mlp_norm(x))
+        x = x + self.drop(times_gate(g, self.mlp_out_norm(y), y.dtype))   # x + g * Norm(MLP(Norm(x)))
         return x
+
+
+def times_gate(g, out, dtype):
+    """g * out for the gate g (B, T) and a block's normed output out (B, T, d), g cast to dtype, that of the
+    module's output before its norm (bf16 under autocast); out itself when g is None (the dense model)."""
+    return out if g is None else out * g.unsqueeze(-1).to(dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -444,36 +421,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # x / sqrt(mean(x^2) + eps) in float32 at least: under bf16 autocast the mean of squares loses too much
-        # precision. On CUDA F.rms_norm is one fused kernel each way; elsewhere torch runs it as a chain of operators
-        if x.is_cuda:
-            xf = x.to(torch.promote_types(x.dtype, torch.float32))
-            return F.rms_norm(xf, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
-        return RMSNormFunction.apply(x, self.weight, self.eps)  # the same arithmetic in fewer operators
-
-
-class RMSNormFunction(torch.autograd.Function):
-    """RMSNorm where torch has no fused kernel: on the CPU autograd runs F.rms_norm and its gradient as 20
-    operators; this is F.rms_norm's forward and its gradient in 7 operators. Per row of x (..., d):
-        y = n w,  n = x r,  r = 1 / sqrt(mean(x^2) + eps);   dL/dx = r (g - n mean(g n)),  g = w dL/dy;
-        dL/dw = the sum over rows of n dL/dy."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
+        # x / sqrt(mean(x^2) + eps) in float32 at least: under bf16 autocast the mean of squares loses precision
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
-        n = xf * r  # (..., d), float32 at least
-        ctx.save_for_backward(n, r, weight)
-        ctx.x_dtype = x.dtype
-        return n.type_as(x) * weight
-
-    @staticmethod
-    def backward(ctx, dy):
-        n, r, weight = ctx.saved_tensors
-        g = dy * weight
-        dx = torch.addcmul(g, n, (g * n).mean(-1, keepdim=True), value=-1) * r  # r (g - n mean(g n))
-        dw = (dy * n).flatten(0, -2).sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return dx.to(ctx.x_dtype), dw, None
+        return F.rms_norm(xf, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
 
 
 def rope_tables(head_dim, seq_len, theta, device):

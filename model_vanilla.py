@@ -224,36 +224,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # x / sqrt(mean(x^2) + eps) in float32 at least: under bf16 autocast the mean of squares loses too much
-        # precision. On CUDA F.rms_norm is one fused kernel each way; elsewhere torch runs it as a chain of operators
-        if x.is_cuda:
-            xf = x.to(torch.promote_types(x.dtype, torch.float32))
-            return F.rms_norm(xf, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
-        return RMSNormFunction.apply(x, self.weight, self.eps)  # the same arithmetic in fewer operators
-
-
-class RMSNormFunction(torch.autograd.Function):
-    """RMSNorm where torch has no fused kernel: on the CPU autograd runs F.rms_norm and its gradient as 20
-    operators; this is F.rms_norm's forward and its gradient in 7 operators. Per row of x (..., d):
-        y = n w,  n = x r,  r = 1 / sqrt(mean(x^2) + eps);   dL/dx = r (g - n mean(g n)),  g = w dL/dy;
-        dL/dw = the sum over rows of n dL/dy."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
+        # x / sqrt(mean(x^2) + eps) in float32 at least: under bf16 autocast the mean of squares loses precision
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
-        n = xf * r  # (..., d), float32 at least
-        ctx.save_for_backward(n, r, weight)
-        ctx.x_dtype = x.dtype
-        return n.type_as(x) * weight
-
-    @staticmethod
-    def backward(ctx, dy):
-        n, r, weight = ctx.saved_tensors
-        g = dy * weight
-        dx = torch.addcmul(g, n, (g * n).mean(-1, keepdim=True), value=-1) * r  # r (g - n mean(g n))
-        dw = (dy * n).flatten(0, -2).sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return dx.to(ctx.x_dtype), dw, None
+        return F.rms_norm(xf, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
 
 
 def rope_tables(head_dim, seq_len, theta, device):

@@ -276,14 +276,12 @@ def test_recency_bias(mode, learnable):
         assert all(any(m.recency_bias is p for p in no_decay) for m in model.mixes())
 
 
-@pytest.mark.parametrize("form", ["softmax_over", "softmax_across"])
 @pytest.mark.parametrize("module", ["model_attnres", "model_aila"])
-def test_softmax_over_is_the_softmax_of_the_stack(module, form):
-    """softmax_over (attnres's mixes and aila's layer attention; eager, a softmax of the stack) and softmax_across
-    (its form written across the list, which runs compiled) are torch's softmax over the stacked logits, unstacked:
-    for one to five sources, logits far apart (no overflow at 1e4, a weight of exactly 0 at -inf), in float32 at
-    least (bf16 logits, as aila's scores are under autocast, give float32 weights) and float64 kept."""
-    softmax_over = getattr(__import__(module), form)
+def test_softmax_over_is_the_softmax_of_the_stack(module):
+    """softmax_over (attnres's mixes and aila's layer attention) is torch's softmax over the stacked logits,
+    unstacked: for one to five sources, logits far apart (no overflow at 1e4, a weight of exactly 0 at -inf), in
+    float32 at least (bf16 logits, as aila's scores are under autocast, give float32 weights) and float64 kept."""
+    softmax_over = __import__(module).softmax_over
     g = torch.Generator().manual_seed(0)
     for S in range(1, 6):
         for scale in (1.0, 100.0, 1e4):
@@ -300,7 +298,7 @@ def test_softmax_over_is_the_softmax_of_the_stack(module, form):
     assert all(w.dtype == torch.float32 and torch.allclose(w, v, atol=1e-6) for w, v in zip(got, want))
     double = [torch.randn(3, dtype=torch.float64, generator=g) for _ in range(2)]
     assert all(w.dtype == torch.float64 for w in softmax_over(double))
-    # the gradient too (softmax_across's maximum takes none, the softmax not depending on it), ties included
+    # the gradient too, ties included
     for logits in ([torch.randn(2, 3, generator=g, dtype=torch.float64) * 5 for _ in range(4)],
                    [torch.ones(2, 3, dtype=torch.float64) for _ in range(3)]):
         logits = [x.requires_grad_() for x in logits]
