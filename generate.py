@@ -63,10 +63,19 @@ def compile_decode_step(model, device):
     replays on fixed addresses and writes the cache in place, so every cache the step is given is marked static
     first; cache_for() hands the same cache to every call, and a new one (another batch size) compiles anew.
     Each model compiles its own copy of decode_step's code: dynamo keeps its graphs per code object, and one
-    shared by every model would reach its recompile limit in a process that compiles many (bench.py --decode)."""
+    shared by every model would reach its recompile limit in a process that compiles many (tools/bench.py --decode).
+    A step that the host chooses between parts of fixed shapes (a cache with part(fn, k): skipmiddle's skipping
+    step) compiles each part at each k into a graph of its own, a copy of the part's code with k as its default."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
     own = types.FunctionType(decode_step.__code__.replace(), decode_step.__globals__, "decode_step")
-    compiled = torch.compile(own, mode="reduce-overhead" if device.type == "cuda" else None, fullgraph=True)
-    marked = weakref.WeakSet()
+    compiled = torch.compile(own, mode=mode, fullgraph=True)
+    marked, parts = weakref.WeakSet(), {}
+
+    def part(fn, k):
+        if (fn, k) not in parts:
+            at_k = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, (k,))
+            parts[fn, k] = torch.compile(at_k, mode=mode, fullgraph=True)
+        return parts[fn, k]
 
     def step(idx, input_pos, cache):
         if cache not in marked:  # every tensor the cache holds (keys, values, and gates where it has them)
@@ -74,6 +83,12 @@ def compile_decode_step(model, device):
                 for t in tensors if isinstance(tensors, list) else ():
                     torch._dynamo.mark_static_address(t, guard=True)  # another tensor there: compile anew
             marked.add(cache)
+        if hasattr(cache, "part"):  # the step in parts, each compiled: the step itself runs in Python
+            cache.part = part
+            try:
+                return decode_step(model, idx, input_pos, cache)
+            finally:
+                del cache.part  # the cache's own again: an eager step that reuses the cache runs eager parts
         return compiled(model, idx, input_pos, cache)
     return step
 

@@ -458,7 +458,8 @@ def forward_skip(model, idx, cache=None, input_pos=None):
     """The prefill of generation that really skips, (logits (B, T, vocab), None): at every block only the tokens
     whose gate is > 0 run it (gathered per row, padded to the row with the most, scattered back); a token with
     g == 0 keeps its stream, as forward()'s multiply by 0 gives, and leaves no visible key (SkipCache). A block no
-    token runs is not computed. input_pos (T,): the positions of idx's tokens (default 0..T-1)."""
+    token runs is not computed. input_pos (T,): the positions of idx's tokens (default 0..T-1). The cache keeps
+    where the last token's gates closed in every row, where decode_step_skip looks first."""
     B, T = idx.shape
     cache = cache if cache is not None else SkipCache(model.config, B, idx.device, model.lm_head.weight.dtype)
     input_pos = input_pos if input_pos is not None else torch.arange(T, device=idx.device)
@@ -466,10 +467,13 @@ def forward_skip(model, idx, cache=None, input_pos=None):
     first_chunk = bool(input_pos[0] == 0)  # no older key: a block every token runs takes plain causal attention
     x = model.emb_norm(model.tok_emb(idx))  # (B, T, d)
     gates, S, closed_until = [], 0.0, -1
+    cache.closed = len(model.gates)
     for l, block in enumerate(model.blocks):
         if l <= closed_until:
             continue  # a block before it closed for every token: gates only close further, up to its mirror
         g, S = model.gate(l, x, gates, S)  # every token's gate, as in forward(): the skipped ones' too
+        if l < cache.closed and not bool((g[:, -1] > 0).any()):
+            cache.closed = l  # the last token's gate closed in every row
         run = g > 0                                                          # (B, T)
         count = run.sum(1)                                                   # (B,)
         N = int(count.max())
@@ -494,66 +498,85 @@ def forward_skip(model, idx, cache=None, input_pos=None):
 
 @torch.no_grad()
 def decode_step_skip(model, idx, cache, input_pos):
-    """A decode step with a SkipCache, logits (B, 1, vocab): a block runs only if some row's gate is > 0 (the others
-    keep their stream and leave a gate of 0, hiding their key): under torch.compile a torch.cond (one graph), in
-    eager mode a Python if (torch.cond outside torch.compile traces its branches at every call). A branch of
-    torch.cond must not write its inputs (torch 2.11 refuses to compile it, torch 2.5 drops the write), so there
-    the block writes a BranchCache, and the new keys, values and gates reach the cache after the cond."""
+    """A decode step with a SkipCache that skips for real, logits (B, 1, vocab). Gates only close with depth, so a
+    step runs blocks 0..k-1 and their mirrors, k the first gate that is 0 in every row (batch > 1 skips what every
+    row skips). It runs in parts whose shapes are fixed for a given k, chosen on the host: skip_first runs the first
+    k blocks, k the last step's (cache.closed: tokens in a row tend to close alike), and finds where every row's
+    gate closed; that number is read on the host, the step's one synchronisation; then skip_last runs the last k
+    blocks (every row closed by block k: the middle is skipped) or skip_rest every block after the first k (some
+    row is still open at block k). A block that runs with every row's gate at 0 is a no-op: the rows keep their
+    stream and write a gate of 0, which hides their key, as skipping it does. cache.part(fn, k) gives each part at
+    k: itself, or compiled into one graph per part and k (generate.compile_decode_step)."""
+    k = cache.closed
+    x, S, gates, closed = cache.part(skip_first, k)(model, idx, cache, input_pos)
+    if int(closed) <= k:  # int(): the host reads where every row's gate closed
+        logits = cache.part(skip_last, k)(model, x, gates, cache, input_pos)
+    else:
+        logits, closed = cache.part(skip_rest, k)(model, x, S, gates, cache, input_pos)
+    cache.closed = min(int(closed), len(model.gates))
+    return logits
+
+
+def skip_first(model, idx, cache, input_pos, k):
+    """The embedding, blocks 0..k-1 with their gates, and the gate of block k: (x, S, gates, closed), closed the
+    first l whose gate is 0 in every row, or the number of gates computed if none is."""
     cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]  # (1, hd)
     x = model.emb_norm(model.tok_emb(idx))  # (B, 1, d)
     gates, S = [], 0.0
-    for l, block in enumerate(model.blocks):
+    for l in range(k):
         g, S = model.gate(l, x, gates, S)
-        run = g > 0                                                          # (B, 1)
+        x = run_block(model.blocks[l], x, g, cos, sin, cache, input_pos)
+    if k < len(model.gates):
+        _, S = model.gate(k, x, gates, S)
+    return x, S, gates, first_closed(gates)
 
-        def run_block(x, cache=cache):  # rows that skip keep their stream: where, since their output may be NaN
-            return torch.where(run[..., None], block(x, cos, sin, cache, input_pos, g), x)  # (no key)
-        if torch.compiler.is_compiling():
-            def ran(x):
-                written = BranchCache(cache)
-                return run_block(x, written), written.k, written.v, written.g
 
-            def skipped(x):  # the cache's own keys, values and gates at input_pos: written back unchanged
-                return (x.clone(), cache.k[l].index_select(2, input_pos), cache.v[l].index_select(2, input_pos),
-                        cache.g[l].index_select(1, input_pos))  # outputs must not alias the inputs
-            x, k, v, kept = torch.cond(run.any(), ran, skipped, (x,))
-            cache.update(l, input_pos, k, v)
-            cache.update_gates(l, input_pos, kept)
-        elif run.any():
-            x = run_block(x)
+def skip_last(model, x, gates, cache, input_pos, k):
+    """Every row's gate closed by block k: the last k blocks with their mirrors' gates (from block k on where L is
+    odd and k = (L + 1) / 2: the middle block is its own mirror), and the head."""
+    cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]
+    L = len(model.blocks)
+    for l in range(max(k, L - k), L):
+        x = run_block(model.blocks[l], x, gates[model.mirror[l]], cos, sin, cache, input_pos)
     return model.lm_head(model.norm(x))  # (B, 1, vocab)
 
 
-class BranchCache:
-    """A SkipCache as a branch of torch.cond sees it: update() and update_gates() return the layer's keys, values
-    and gates with the new ones written into a copy, and keep the new ones (k, v, g) for the step to write."""
-
-    def __init__(self, cache):
-        self.cache = cache
-
-    def update(self, layer, input_pos, k, v):
-        ck, cv = self.cache.k[layer], self.cache.v[layer]
-        self.k, self.v = fresh(k, ck.dtype), fresh(v, cv.dtype)
-        return ck.index_copy(2, input_pos, self.k), cv.index_copy(2, input_pos, self.v)
-
-    def update_gates(self, layer, input_pos, g):
-        cg = self.cache.g[layer]
-        self.g = fresh(g, cg.dtype)
-        return cg.index_copy(1, input_pos, self.g)
-
-    def key_mask(self, input_pos, g, dtype):
-        return self.cache.key_mask(input_pos, g, dtype)
+def skip_rest(model, x, S, gates, cache, input_pos, k):
+    """Some row's gate is open at block k: blocks k..L-1 with their gates (block k's from skip_first), and the head;
+    (logits, closed), closed as skip_first finds it, over every gate."""
+    cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]
+    gates = list(gates)  # skip_first's, which this part extends (its own list: the caller's stays as it was)
+    for l in range(k, len(model.blocks)):
+        g, S = (gates[k], S) if l == k else model.gate(l, x, gates, S)
+        x = run_block(model.blocks[l], x, g, cos, sin, cache, input_pos)
+    return model.lm_head(model.norm(x)), first_closed(gates)
 
 
-def fresh(t, dtype):
-    """t as a new contiguous tensor of dtype: what a branch of torch.cond returns must not alias its inputs (the gate
-    g is one) and must have the other branch's layout (k and v are views into the block's qkv)."""
-    return t.to(dtype, memory_format=torch.contiguous_format, copy=True)
+def run_block(block, x, g, cos, sin, cache, input_pos):
+    """block on the stream x (B, 1, d), g (B, 1) its gates: a row whose gate is 0 keeps its stream (torch.where: the
+    block's output there may be NaN), and its key, written with its gate of 0, stays hidden."""
+    return torch.where((g > 0)[..., None], block(x, cos, sin, cache, input_pos, g), x)
+
+
+def first_closed(gates):
+    """The first l whose gate gates[l] (B, 1) is 0 in every row, else len(gates): a 0-dim tensor."""
+    still_open = torch.stack([(g > 0).any() for g in gates])  # (len(gates),)
+    return still_open.long().cumprod(0).sum()
 
 
 class SkipCache(KVCache):
     """KVCache for generation that really skips: a gate of 0 means that the token did not run that layer and left
-    no key there, which the mask hides (weight exactly 0, not the eps floor's)."""
+    no key there, which the mask hides (weight exactly 0, not the eps floor's). It also keeps where the last decode
+    step's gates closed (closed: where the next step looks first) and how a part of the step runs (part)."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        super().__init__(config, batch_size, device, dtype)
+        self.closed = (config.n_layer + 1) // 2  # at first, the whole first half: the step finds where it closes
+
+    @staticmethod
+    def part(fn, k):
+        """A part of decode_step_skip at k, as it is (generate.compile_decode_step gives each a graph of its own)."""
+        return functools.partial(fn, k=k)
 
     def forget(self, input_pos):
         """A prefill at input_pos starts a sequence: no layer has run its positions or any later one yet, so their

@@ -36,8 +36,7 @@ class SampleConfig:
     compile: bool = option(False, "torch.compile the decode step (one graph per token: inductor; on CUDA a CUDA "
                            "graph); the compile time is reported once")
     skip: bool = option(True, "models that can skip (skipmiddle): tokens whose gate is 0 skip their blocks for real; "
-                        "false = compute every block, the faster with --compile on CUDA (a step that skips holds "
-                        "torch.cond and gets no CUDA graph: 4.5x slower on an H100)")
+                        "false = compute every block")
 
 
 def read_prompt(start):

@@ -7,8 +7,9 @@
               a CUDA build, run on the CPU; .ci/run prints which version it was
 The paths that have broken on one of them, and the test of each (VERSION_SENSITIVE), which runs under all three:
   DDP on gloo      torch 2.5's gloo has no ReduceOp.AVG: train.py all-reduces the step loss as a sum, then divides
-  compiled decode  a branch of torch.cond must not write its inputs (2.11 refuses to compile it, 2.5 compiles it
-                   and drops the write): skipmiddle's skipping step returns the new keys and values instead
+  compiled decode  each decode step compiles to one graph, skipmiddle's skipping step to one per part and k (an
+                   earlier form of it, a torch.cond whose branch wrote the cache, failed on 2.11 and lost the write
+                   on 2.5)
   torch.load       checkpoints are read with weights_only=True (DESIGN.md), whose unpickler differs by version
 """
 import ast
