@@ -111,7 +111,8 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
     nll = torch.zeros(n_layers + 1, dtype=torch.float64)  # per layer (logit lens) and the model's own output
     prob = torch.zeros(n_layers + 1, dtype=torch.float64)
     count = 0
-    for start in tqdm(range(0, n_windows, batch_size), disable=not progress, desc="eval", unit="batch"):
+    # a bar on a terminal only (disable=None): a captured log gets no carriage returns
+    for start in tqdm(range(0, n_windows, batch_size), disable=None if progress else True, desc="eval", unit="batch"):
         xs, ys = [], []
         for w in range(start, min(start + batch_size, n_windows)):
             chunk = torch.from_numpy(data[w * block_size:(w + 1) * block_size + 1].astype(np.int64))
@@ -413,7 +414,8 @@ def score_continuations(model, pairs, block_size, batch_size, device, ctx, progr
     longer than block_size keeps only its last block_size tokens)."""
     order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))  # little padding
     scores = [None] * len(pairs)
-    for start in tqdm(range(0, len(pairs), batch_size), disable=not progress, desc="score", unit="batch"):
+    for start in tqdm(range(0, len(pairs), batch_size), disable=None if progress else True, desc="score",
+                      unit="batch"):
         batch = order[start:start + batch_size]
         seqs = [(pairs[i][0] + pairs[i][1])[-(block_size + 1):] for i in batch]
         xs = [torch.tensor(s[:-1], dtype=torch.long) for s in seqs]
@@ -715,10 +717,10 @@ def report(result, model, args):
         print(f"  layer {row['layer']:>2}: loss {number(row['loss'], '.4f')} | "
               f"p(correct) {number(row['p_correct'], '.4f')}")
     if "depth_map" in result:
-        doc = " ".join((model.depth_map.__doc__ or "").split())
-        print(textwrap.indent(textwrap.fill(f"depth_map(): {doc}", 110), "  "))
         m = torch.tensor(result["depth_map"])
-        for line in format_depth_map(m, model.config.n_layer, depth_map_layout(model, result["model"], m)):
+        layout = depth_map_layout(model, result["model"], m)
+        print(f"  depth map: a row per block; columns: {layout['xlabel'] or 'one'}; a cell: {layout['cbar']}")
+        for line in format_depth_map(m, model.config.n_layer, layout):
             print("  " + line)
         if "depth_map_png" in result:
             print(f"  heat map: {result['depth_map_png']}")

@@ -372,7 +372,8 @@ def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
     counts = {"train": 0, "val": 0}
     paths = {"train": train_path, "val": val_path}
     web = args.dataset in WEB_DATASETS and not args.files  # where --max_tokens ends the run: a bar with an ETA
-    bar = tqdm(total=args.max_tokens if web else None, unit="tok", unit_scale=True, desc=f"tokenizing {name}")
+    bar = tqdm(total=args.max_tokens if web else None, unit="tok", unit_scale=True, desc=f"tokenizing {name}",
+               disable=None)  # a bar on a terminal only: a captured log gets no carriage returns
     with contextlib.ExitStack() as stack:
         bins = {split: stack.enter_context(open(path, "wb")) for split, path in paths.items()}
         stack.enter_context(bar)

@@ -77,7 +77,7 @@ def str2bool(s):
 
 def add_options(parser, config_class, title, defaults=None):
     """One --name option per field of config_class, typed, with its help text, choices and default."""
-    group = parser.add_argument_group(title)
+    group = parser.add_argument_group(title) if title else parser
     for f in dataclasses.fields(config_class):
         default = (defaults or {}).get(f.name, f.default)
         rule, kind = f.metadata, f.type
@@ -86,8 +86,8 @@ def add_options(parser, config_class, title, defaults=None):
             group.add_argument(f"--{f.name}", type=kind, required=True, default=argparse.SUPPRESS, help=doc,
                                metavar=kind.__name__.upper())
             continue
-        if "choices" in rule:
-            doc += f" (choices: {', '.join(map(str, rule['choices']))})"
+        if "choices" in rule:  # '' shown as itself, not as nothing
+            doc += f" (choices: {', '.join(str(c) if c != '' else repr(c) for c in rule['choices'])})"
         if kind is bool:
             group.add_argument(f"--{f.name}", type=str2bool, nargs="?", const=True, default=default, help=doc,
                                metavar="BOOL")
@@ -285,7 +285,7 @@ def attach_option_values(argv, config_class):
 def parse_simple(config_class, argv, doc):
     """The options of a script without config files: its dataclass from the command line, checked."""
     parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
-    add_options(parser, config_class, "options")
+    add_options(parser, config_class, None)  # under argparse's own "options:", beside --help
     argv = attach_option_values(list(argv), config_class)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
     try:

@@ -251,3 +251,13 @@ def test_a_required_option_shows_no_default(capsys):
     assert code == 0 and "default" not in line, line
     code, _, err = run_script("hf/export.py", [], capsys)
     assert_one_error_line(code, err, "--to")
+
+
+def test_help_has_one_options_heading_and_shows_an_empty_choice(capsys):
+    """--help lists a script's options under argparse's one `options:` heading (beside --help), and an empty choice
+    as '' (train.py --size: '' = the model file's own defaults)."""
+    for script in ("sample.py", "eval.py", "prepare.py", "tools/bench.py", "hf/export.py"):
+        code, out, _ = run_script(script, ["--help"], capsys)
+        assert code == 0 and out.count("\noptions:\n") == 1, (script, out)
+    code, out, _ = run_script("train.py", ["--help"], capsys)
+    assert code == 0 and "(choices: '', 50m, 100m, 300m)" in " ".join(out.split())

@@ -55,3 +55,22 @@ def test_a_terminal_gets_the_bar(data_dir, tmp_path):
     assert b"\r" in err and b"4/4" in err
     assert not any(line.startswith("iter 1 | loss ") for line in out.splitlines()), out
     assert sum("val_loss" in line for line in out.splitlines()) == 3, out
+
+
+def test_prepare_and_eval_write_no_carriage_returns_to_a_log_file(data_dir, tmp_path):
+    """prepare.py's tokenizing bar and eval.py's evaluation bar, with stderr to a file: no bar, no carriage returns."""
+    text = tmp_path / "notes.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 400)
+    with open(tmp_path / "prepare.txt", "wb") as log:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(text), "--out_dir",
+                               str(tmp_path / "data"), "--num_proc", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=log, timeout=300)
+    assert proc.returncode == 0 and b"\r" not in (tmp_path / "prepare.txt").read_bytes() + proc.stdout
+    assert train(data_dir, tmp_path / "run", subprocess.PIPE).returncode == 0
+    with open(tmp_path / "eval.txt", "wb") as log:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--out_dir", str(tmp_path / "run"),
+                               "--data_dir", data_dir, "--tokens", "200", "--device", "cpu"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=log, timeout=300)
+    err = (tmp_path / "eval.txt").read_bytes()
+    assert proc.returncode == 0 and b"perplexity" in proc.stdout, err
+    assert b"\r" not in err + proc.stdout
