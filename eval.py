@@ -45,6 +45,7 @@ from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
 from plumbing.files import has_nonfinite, parse_json, read_meta, read_text, split_tokens, to_json
 from plumbing.options import check_output, parse_simple
+from plumbing.schemas import LOG_RECORD, Mismatch, check
 from prepare import get_tokenizer
 
 
@@ -286,9 +287,11 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
 # the curves of the user's own runs, from their log.jsonl
 
 def read_run_log(run):
-    """A run folder's log.jsonl as {"folder", "train": [(step, loss)], "val": [(step, val_loss)], "tokens_per_step"}.
-    A last line cut short (train.py still writing it, or killed while it did) is left out; any other line that is
-    not a record of train.py is a ConfigError."""
+    """A run folder's log.jsonl as {"folder", "train": [(step, tokens, loss)], "val": [(step, tokens, val_loss)]}:
+    tokens is the count the record holds, or for a log of an older train.py step x the tokens per step its
+    ckpt.pt records (None where there is no readable checkpoint). A last line cut short (train.py still writing
+    it, or killed while it did) is left out; any other line that is not a record of train.py (LOG_RECORD) is a
+    ConfigError."""
     folder = run_folder(run)
     if not os.path.isdir(folder):
         raise ConfigError(f"--curves: no run folder {run}; pass folders that train.py wrote (its --out_dir)")
@@ -296,27 +299,29 @@ def read_run_log(run):
     if not os.path.isfile(path):
         raise ConfigError(f"--curves: {folder} has no log.jsonl; train.py writes one in every --out_dir it trains")
     lines = read_text(path, "--curves: the log", "train the run again, or leave it out").split("\n")
-    train, val = [], []
+    train, val, per_step = [], [], None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = parse_json(line)
-            step = record["iter"]
-            points = [(key, float(record[key])) for key in ("loss", "val_loss") if key in record]
-            if not isinstance(step, int):
-                raise TypeError(f"iter is {step!r}")
-        except (ValueError, KeyError, TypeError) as e:
+            check(record, LOG_RECORD)
+        except (ValueError, Mismatch) as e:
             if n == len(lines):  # no newline after it: cut short while it was written
                 break
-            reason = f"no {e}" if isinstance(e, KeyError) else str(e)[:80]
+            reason = f"its {e.field} is not {e.expected}" if isinstance(e, Mismatch) else str(e)[:80]
             raise ConfigError(f"--curves: {path} line {n} is not a record of train.py ({reason}); delete the line "
                               "or train the run again")
-        for key, loss in points:
-            (train if key == "loss" else val).append((step, loss))
+        tokens = record.get("tokens")
+        if tokens is None:  # a log of an older train.py: its steps at the tokens per step the checkpoint records
+            per_step = per_step or tokens_per_step(folder) or 0
+            tokens = record["iter"] * per_step or None
+        for key, points in (("loss", train), ("val_loss", val)):
+            if key in record:
+                points.append((record["iter"], tokens, record[key]))
     if not train and not val:
         raise ConfigError(f"--curves: {path} holds no loss yet; train.py logs one every --log_interval steps")
-    return {"folder": folder, "train": train, "val": val, "tokens_per_step": tokens_per_step(folder)}
+    return {"folder": folder, "train": train, "val": val}
 
 
 def tokens_per_step(folder):
@@ -326,8 +331,8 @@ def tokens_per_step(folder):
     if not os.path.isfile(path):
         return None
     try:
-        return int(read_checkpoint(path, ("model_name", "run"), mmap=True)["run"]["tokens_per_step"])
-    except (ConfigError, KeyError, TypeError, ValueError):  # another version's or a damaged one: plot against steps
+        return read_checkpoint(path, ("model_name", "run"), mmap=True)["run"].get("tokens_per_step")
+    except ConfigError:  # another version's or a damaged one: plot against steps
         return None
 
 
@@ -343,19 +348,18 @@ def pyplot_for(plot):
 
 def plot_curves(plt, runs, path):
     """The training loss (thin line) and validation loss (dots) of every run, one colour per run, against tokens
-    seen, or against steps when a run's tokens per step are unknown. Returns the (closed) figure."""
-    tokens = all(r["tokens_per_step"] for r in runs)
+    seen as the logs record them, or against steps where a run's tokens are unknown. Returns the (closed) figure."""
+    tokens = all(t is not None for r in runs for _, t, _ in r["train"] + r["val"])
     fig, ax = plt.subplots(figsize=(10, 5.5))
     colours = plt.get_cmap("tab10").colors
     for i, r in enumerate(runs):
-        scale, colour = (r["tokens_per_step"] if tokens else 1), colours[i % 10]
-        if r["train"]:
-            ax.plot([s * scale for s, _ in r["train"]], [v for _, v in r["train"]], color=colour, linewidth=1,
-                    alpha=0.6, label=f"{r['label']}: training loss")
-        if r["val"]:
-            ax.plot([s * scale for s, _ in r["val"]], [v for _, v in r["val"]], "o-", color=colour, linewidth=2,
-                    markersize=4, label=f"{r['label']}: validation loss")
-    ax.set(xlabel="tokens seen" if tokens else "step (tokens per step unknown: no readable ckpt.pt)",
+        colour = colours[i % 10]
+        for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6), "training loss"),
+                                     (r["val"], dict(marker="o", linewidth=2, markersize=4), "validation loss")):
+            if points:
+                ax.plot([t if tokens else s for s, t, _ in points], [v for _, _, v in points], color=colour,
+                        label=f"{r['label']}: {label}", **style)
+    ax.set(xlabel="tokens seen" if tokens else "step (tokens unknown: a log of an older train.py, no readable ckpt.pt)",
            ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -374,14 +378,14 @@ def curves(args):
     for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name
         r["label"] = name if names.count(name) == 1 else os.path.normpath(r["folder"])
     for r in runs:
-        steps = max(s for s, _ in r["train"] + r["val"])
+        steps, tokens, _ = max(r["train"] + r["val"], key=lambda p: p[0])
         line = f"{r['label']}: {steps:,} steps"
-        if r["tokens_per_step"]:
-            line += f" ({steps * r['tokens_per_step']:,} tokens)"
+        if tokens is not None:
+            line += f" ({tokens:,} tokens)"
         if r["val"]:
-            line += f", last val loss {r['val'][-1][1]:.4f} (step {r['val'][-1][0]:,})"
+            line += f", last val loss {r['val'][-1][2]:.4f} (step {r['val'][-1][0]:,})"
         if r["train"]:
-            line += f", last training loss {r['train'][-1][1]:.4f}"
+            line += f", last training loss {r['train'][-1][2]:.4f}"
         print(line)
     plt = pyplot_for(args.plot)
     if plt is None:
@@ -639,6 +643,16 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
 
 # ----------------------------------------------------------------------------------------------------------
 
+def trained_on(args, ckpt, out_dir):
+    """(data_dir, dataset) to evaluate on: the options', else the ones the run trained on."""
+    saved = ckpt.get("train_config", {})
+    data_dir, dataset = args.data_dir or saved.get("data_dir"), args.dataset or saved.get("dataset")
+    if not (data_dir and dataset):
+        raise ConfigError(f"the checkpoint of {out_dir} does not name the data set it trained on; pass --dataset "
+                          "and --data_dir")
+    return data_dir, dataset
+
+
 def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     model, _, ckpt = model_from_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta",
                                                             "train_config"))
@@ -647,8 +661,7 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     result = {"out_dir": out_dir, "model": name, "step": ckpt.get("iter_num"), "tokens_seen": ckpt.get("tokens_seen"),
               "run": describe_run(ckpt)}
     if args.loss or args.logit_lens or args.depth_map:
-        data_dir = args.data_dir or ckpt["train_config"]["data_dir"]
-        dataset = args.dataset or ckpt["train_config"]["dataset"]
+        data_dir, dataset = trained_on(args, ckpt, out_dir)
         meta = read_meta(data_dir, dataset)
         if meta["tokenizer"] != ckpt["meta"]["tokenizer"]:
             raise ConfigError(f"data set {dataset} uses the {meta['tokenizer']} tokenizer but the model was trained "
@@ -852,8 +865,7 @@ def wiring_tokens(args, ckpt, config):
     depend on the tokens), or random tokens with a note where the data set is not here."""
     T = min(64, config.block_size)
     try:
-        data_dir = args.data_dir or ckpt["train_config"]["data_dir"]
-        dataset = args.dataset or ckpt["train_config"]["dataset"]
+        data_dir, dataset = trained_on(args, ckpt, "the run")
         data = open_split(data_dir, dataset, "val", read_meta(data_dir, dataset))
         if len(data) >= 2 * T:
             return torch.from_numpy(data[:2 * T].astype(np.int64)).view(2, T)

@@ -41,8 +41,8 @@ from tqdm import tqdm
 from common import load_model_module
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import to_json
-from plumbing.options import parse_simple
+from plumbing.files import regular_file, to_json
+from plumbing.options import check_output, parse_simple
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -82,7 +82,8 @@ def get_tokenizer(name):
     if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder (hf/convert.py)
         from hf import convert  # only where asked for: it imports the Hugging Face packages it needs
         return convert.get_tokenizer(name[3:])
-    raise ValueError(f"unknown tokenizer {name!r} (byte, gpt2 or hf:DIR)")
+    raise ConfigError(f"unknown tokenizer {name!r}: byte, gpt2 or hf:DIR; a checkpoint or meta.json that names "
+                      "another was not written by this repository")
 
 
 def token_dtype(vocab_size):
@@ -163,8 +164,9 @@ def file_documents(paths, text_field):
     for path in paths:  # check every file before tokenizing any
         if os.path.isdir(path):
             raise ConfigError(f"--files: {path} is a folder; pass the files in it (e.g. {os.path.join(path, '*.txt')})")
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ConfigError(f"--files: no such file: {path}")
+        regular_file(path, "--files:", "pass files of text")  # a FIFO or a device is refused, not read
         if Path(path).suffix.lower() not in BUILDERS:
             raise ConfigError(f"cannot read {path}: --files takes {', '.join(BUILDERS)} files")
         if os.path.getsize(path) == 0:
@@ -281,6 +283,8 @@ def main(argv=None):
         raise ConfigError(f"{out} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}, which "
                           "prepare.py did not write, and a data set is replaced whole; move it away or choose "
                           "another --name")
+    if out.is_dir():  # the old set is removed once the new one is in place: its folder must allow it, checked now
+        check_output("--name", str(out), "folder")
     created = [p for p in out.parents if not p.exists()]  # the folders this run makes, deepest first
     # the new set is written into a sibling folder and takes the old one's place in one step, only once the whole
     # run has succeeded: a run that fails or is killed at any point leaves an earlier data set intact
@@ -328,7 +332,13 @@ def replace_folder(new, out):
     renamed aside (.NAME.old-PID), which remove_leftovers() of the next run puts back if the run was killed
     between the two renames."""
     if not out.exists():
-        os.rename(new, out)
+        try:
+            os.rename(new, out)
+        except OSError as e:  # made by another run since out was looked at: a folder that is not empty
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise ConfigError(f"another prepare.py run made {out} while this one ran, and it is kept; run this "
+                              "command again to replace it")
     elif exchange(new, out):
         shutil.rmtree(new)  # the old set
     else:

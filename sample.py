@@ -14,6 +14,7 @@ from common import DTYPES, autocast, describe_run, model_from_checkpoint, resolv
 from generate import compile_decode_step, generate
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
+from plumbing.files import read_text
 from plumbing.options import explicit_options, parse_simple
 from prepare import get_tokenizer
 
@@ -40,14 +41,8 @@ class SampleConfig:
 
 
 def read_prompt(start):
-    if start.startswith("FILE:"):
-        try:
-            with open(start[5:], encoding="utf-8") as f:
-                return f.read()
-        except OSError:
-            raise ConfigError(f"cannot read the prompt file {start[5:]}")
-        except UnicodeDecodeError:
-            raise ConfigError(f"the prompt file {start[5:]} is not UTF-8 text; convert it (e.g. iconv -t utf-8)")
+    if start.startswith("FILE:"):  # a regular file of UTF-8 text (plumbing/files.py checks it)
+        return read_text(start[5:], "the prompt file", "pass a text file with --start FILE:path")
     try:
         start.encode("utf-8")  # bytes that are not UTF-8 reach Python's argv as unpaired surrogates
     except UnicodeEncodeError:

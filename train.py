@@ -284,11 +284,12 @@ def model_stats(raw_model, data, cfg, T, proc):
 # the log: log.jsonl (append-only), the progress bar, wandb
 
 class Log:
-    """log.jsonl, the progress bar and wandb; tokens/s and MFU over the training time since the last record. The
-    clock runs from start_clock() to stop_clock() or the next train_record(), each of which waits for the device:
-    the time includes the GPU's queued work, and the device is synchronised only there."""
+    """log.jsonl, the progress bar and wandb; tokens/s and MFU over the training time since the last record, and the
+    tokens seen since the run began (every record holds them). The clock runs from start_clock() to stop_clock() or
+    the next train_record(), each of which waits for the device: the time includes the GPU's queued work, and the
+    device is synchronised only there."""
 
-    def __init__(self, cfg, model_args, raw_model, proc, start):
+    def __init__(self, cfg, model_args, raw_model, proc, start, tokens_seen):
         from tqdm import tqdm
         T = model_args["block_size"]
         self.master, self.path, self.device = proc.rank == 0, os.path.join(cfg.out_dir, "log.jsonl"), proc.device
@@ -296,7 +297,7 @@ class Log:
         self.run = {"world": proc.world, "gradient_accumulation_steps": proc.world * proc.accum,
                     "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
         self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
-        self.seconds, self.tokens, self.t0, self.wandb = 0.0, 0, None, None
+        self.seconds, self.tokens, self.t0, self.wandb, self.tokens_seen = 0.0, 0, None, None, tokens_seen
         # a bar on a terminal; where stderr is not one (a cluster's log file, `> log.txt 2>&1`) tqdm's disable=None
         # turns it off, and write() prints every record as a line instead of thousands of carriage-return updates
         self.bar = tqdm(total=cfg.max_iters, initial=start, disable=None if self.master else True, dynamic_ncols=True)
@@ -322,6 +323,7 @@ class Log:
 
     def step_done(self):
         self.tokens += self.tokens_per_step
+        self.tokens_seen += self.tokens_per_step
         self.bar.update(1)
 
     def train_record(self, step, loss, lr):
@@ -329,7 +331,7 @@ class Log:
         tok_s = self.tokens / self.seconds
         self.seconds, self.tokens = 0.0, 0
         self.start_clock()
-        return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
+        return {"iter": step, "tokens": self.tokens_seen, "loss": loss, "lr": lr, "tok_per_s": tok_s,
                 **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
 
     def write(self, record, show=False):
@@ -372,7 +374,7 @@ def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, p
         save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
             "model_name": cfg.model, "model_args": model_args, "train_config": dataclasses.asdict(cfg),
             "run": log.run, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-            "iter_num": iter_num, "tokens_seen": iter_num * log.tokens_per_step, "best_val_loss": best_val,
+            "iter_num": iter_num, "tokens_seen": log.tokens_seen, "best_val_loss": best_val,
             "meta": meta, "rng": rng})
 
 
@@ -408,10 +410,10 @@ def main(argv):
     torch.manual_seed(cfg.seed + proc.rank)
     raw_model = make_model(module, model_args, cfg, ckpt is not None, proc.device)
     optimizer = make_optimizer(raw_model, cfg, proc.device)
-    iter_num, best_val, saved_step = 0, float("inf"), None
+    iter_num, tokens_seen, best_val, saved_step = 0, 0, float("inf"), None
     if ckpt is not None:
         iter_num = saved_step = restore(raw_model, optimizer, ckpt, proc)
-        best_val = ckpt["best_val_loss"]
+        best_val, tokens_seen = ckpt["best_val_loss"], ckpt["tokens_seen"]
     batches = data.train_batches(cfg, proc, T, iter_num)  # this process's batches, one per micro-step
     batch = next(batches)
     checks.first_batch(raw_model, batch, proc, cfg, model_args, explicit, iter_num)
@@ -419,7 +421,7 @@ def main(argv):
     # ---- the run: from here on it may write to out_dir
     lock = checks.open_run_folder(cfg.out_dir, saved_step) if proc.rank == 0 else None  # locked, log settled
     model, eval_model = wrap(raw_model, cfg, proc)
-    log = Log(cfg, model_args, raw_model, proc, iter_num)
+    log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)
     stop, handlers = catch_stop_signals()
     try:
         while True:
@@ -434,7 +436,7 @@ def main(argv):
                                    proc.dtype)
                 best_val = min(best_val, val_loss)
                 stats = model_stats(raw_model, data, cfg, T, proc)  # collective under DDP
-                log.write({"iter": iter_num, "val_loss": val_loss, **stats}, show=True)
+                log.write({"iter": iter_num, "tokens": log.tokens_seen, "val_loss": val_loss, **stats}, show=True)
                 save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc)
                 saved_step = iter_num
             if iter_num >= cfg.max_iters:

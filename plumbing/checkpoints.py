@@ -18,6 +18,8 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
 
 from plumbing.config import make_config
 from plumbing.errors import ConfigError
+from plumbing.files import regular_file
+from plumbing.schemas import CHECKPOINT, checked
 
 
 def checkpoint_path(out_dir):
@@ -43,6 +45,8 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False
     if os.path.isdir(path):
         raise ConfigError(f"the checkpoint {path} is a folder, not a file; move it away, or pass the run folder "
                           "that holds train.py's ckpt.pt")
+    if os.path.exists(path):  # a FIFO, a socket or a device is refused before it is opened
+        regular_file(path, "the checkpoint", "pass a run folder that holds train.py's ckpt.pt")
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
         if os.path.basename(path) != "ckpt.pt":  # a .pt file of the user's own: train.py would write ckpt.pt
@@ -66,6 +70,7 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False
         raise ConfigError(f"{path} is not a checkpoint of train.py: it has no model_name"
                           f"{' (it is a bare state_dict)' if bare else ''}; train.py saves the model name, both "
                           "configs and the weights together")
+    checked(ckpt, CHECKPOINT, path, "restore it from a copy, or train again")
     missing = [k for k in keys if k not in ckpt]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not saved by this version of train.py")

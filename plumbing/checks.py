@@ -34,21 +34,30 @@ def before_run(cfg, model_args, module, explicit, meta, proc):
     if ckpt is not None:
         check_optimizer_state(ckpt, module, model_args, cfg)
     keep_global_batch(proc, cfg, ckpt)
+    if ckpt is not None:
+        keep_token_count(ckpt, proc.world * proc.accum * cfg.batch_size * model_args["block_size"], proc.rank)
     check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
     return ckpt, model_args
 
 
 def check_optimizer_state(ckpt, module, model_args, cfg):
-    """The saved optimiser state has the parameter groups of the model it resumes, group by group (built on the
-    meta device: no memory)."""
+    """The saved optimiser state fits the model it resumes: the model file's parameter groups, group by group, and
+    per parameter AdamW's step and moments of its shape (the model built on the meta device: no memory)."""
     with torch.device("meta"):
         groups = build_model(module, model_args).param_groups(cfg.weight_decay)
-    saved = ckpt["optimizer"].get("param_groups") if isinstance(ckpt["optimizer"], dict) else None
-    if not (isinstance(saved, list) and len(saved) == len(groups) and all(
-            isinstance(s, dict) and isinstance(s.get("params"), list) and len(s["params"]) == len(g["params"])
-            for s, g in zip(saved, groups))):
-        raise ConfigError(f"the optimiser state in {os.path.join(cfg.out_dir, 'ckpt.pt')} does not fit "
-                          f"model_{cfg.model}.py's parameter groups; it was saved by another version of that file")
+    saved, path = ckpt["optimizer"], os.path.join(cfg.out_dir, "ckpt.pt")
+    fix = f"it was saved by another version of model_{cfg.model}.py, or is damaged; restore it from a copy"
+    if len(saved["param_groups"]) != len(groups) or any(
+            len(s["params"]) != len(g["params"]) for s, g in zip(saved["param_groups"], groups)):
+        raise ConfigError(f"the optimiser state in {path} does not fit model_{cfg.model}.py's parameter groups; {fix}")
+    shapes = dict(zip((i for s in saved["param_groups"] for i in s["params"]),
+                      (p.shape for g in groups for p in g["params"])))
+    for i, state in saved["state"].items():
+        step, *moments = (state.get(k) if isinstance(state, dict) else None for k in ("step", "exp_avg", "exp_avg_sq"))
+        if not (i in shapes and all(torch.is_tensor(t) and torch.isfinite(t).all() for t in (step, *moments))
+                and step.numel() == 1 and all(m.shape == shapes[i] for m in moments)):
+            raise ConfigError(f"the optimiser state in {path} has no step and moments of the shape of parameter "
+                              f"{i}; {fix}")
 
 
 def keep_global_batch(proc, cfg, ckpt):
@@ -66,6 +75,19 @@ def keep_global_batch(proc, cfg, ckpt):
     if proc.rank == 0:
         print(f"note: resumed on {proc.world} process(es), the run keeps its global batch: {saved} micro-steps per "
               f"optimiser step, {proc.accum} per process", file=sys.stderr)
+
+
+def keep_token_count(ckpt, tokens_per_step, rank):
+    """A resumed run counts its tokens on from the saved count (ckpt["tokens_seen"], set here from the saved steps
+    and tokens per step where an older checkpoint lacks it), at its own tokens per step, which may differ from the
+    saved run's (another --batch_size or --gradient_accumulation_steps): then it says so in one note."""
+    saved = (ckpt.get("run") or {}).get("tokens_per_step")
+    if "tokens_seen" not in ckpt:
+        ckpt["tokens_seen"] = ckpt["iter_num"] * (saved or tokens_per_step)
+    if saved and saved != tokens_per_step and rank == 0:
+        print(f"note: the run resumes with {tokens_per_step:,} tokens per optimiser step where it saved {saved:,}; "
+              f"its token count goes on from the saved {ckpt['tokens_seen']:,} at step {ckpt['iter_num']:,}",
+              file=sys.stderr)
 
 
 def read_run(cfg, model_args, module, explicit, meta):

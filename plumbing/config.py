@@ -22,38 +22,62 @@ def option(default, doc, **rules):
     return dataclasses.field(default=default, metadata=dict(doc=doc, **rules))
 
 
+class OptionError(ValueError):
+    """A value that breaks its option's rules; name: the option (its field's name)."""
+
+    def __init__(self, name, message):
+        super().__init__(message)
+        self.name = name
+
+
+def shown(value, quote=True):
+    """value as a message shows it: a huge integer by its size, a long text cut short (a string in quotes)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an integer of {value.bit_length():,} bits"
+    text = repr(value) if quote and not isinstance(value, (int, float)) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_config(config_class, values):
-    """ValueError naming the first field of config_class whose value in values (a dict; a missing field has its
-    default) breaks its type or its declared constraints: min / max (inclusive), above / below (exclusive),
-    choices; a float must also be finite, an int fit in 64 bits."""
+    """OptionError (a ValueError) naming the first field of config_class whose value in values (a dict; a missing
+    field has its default) breaks its type or its declared constraints: min / max (inclusive), above / below
+    (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
     for f in dataclasses.fields(config_class):
-        value, rule, name = values.get(f.name, f.default), f.metadata, f"--{f.name}"
-        if value is None and f.default is None:
-            continue  # a None default means "not given"
-        kind = f.type
-        if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
-            raise ValueError(f"{name} must be {kind.__name__}, not {value!r}")
-        if type(value) is float and not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, not {value}")
-        if type(value) is int and not -2**63 <= value < 2**63:
-            raise ValueError(f"{name} must fit in 64 bits, not {value}")
-        low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
-        if "choices" in rule and value not in rule["choices"]:
-            raise ValueError(f"{name} {value} is not one of: {', '.join(map(str, rule['choices']))}")
-        if low is not None and high is not None and not low <= value <= high:
-            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
-        if low is not None and below is not None and not low <= value < below:
-            raise ValueError(f"{name} must be at least {low} and below {below}, not {value}")
-        if above is not None and below is not None and not above < value < below:
-            raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {value}")
-        if low is not None and value < low:
-            raise ValueError(f"{name} must be {low} or more, not {value}")
-        if high is not None and value > high:
-            raise ValueError(f"{name} must be {high} or less, not {value}")
-        if above is not None and not value > above:
-            raise ValueError(f"{name} must be above {above}, not {value}")
-        if below is not None and not value < below:
-            raise ValueError(f"{name} must be below {below}, not {value}")
+        try:
+            check_field(f, values.get(f.name, f.default))
+        except ValueError as e:
+            raise OptionError(f.name, str(e))
+
+
+def check_field(f, value):
+    """ValueError if value breaks the type or the rules of the field f."""
+    rule, name = f.metadata, f"--{f.name}"
+    if value is None and f.default is None:
+        return  # a None default means "not given"
+    kind = f.type
+    if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+        raise ValueError(f"{name} must be {kind.__name__}, not {shown(value)}")
+    if type(value) is float and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {shown(value)}")
+    if type(value) is int and not -2**63 <= value < 2**63:
+        raise ValueError(f"{name} must fit in 64 bits, not {shown(value)}")
+    low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
+    if "choices" in rule and value not in rule["choices"]:
+        raise ValueError(f"{name} {shown(value, quote=False)} is not one of: {', '.join(map(str, rule['choices']))}")
+    if low is not None and high is not None and not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, not {shown(value)}")
+    if low is not None and below is not None and not low <= value < below:
+        raise ValueError(f"{name} must be at least {low} and below {below}, not {shown(value)}")
+    if above is not None and below is not None and not above < value < below:
+        raise ValueError(f"{name} must be between {above} and {below}, both excluded, not {shown(value)}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be {low} or more, not {shown(value)}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be {high} or less, not {shown(value)}")
+    if above is not None and not value > above:
+        raise ValueError(f"{name} must be above {above}, not {shown(value)}")
+    if below is not None and not value < below:
+        raise ValueError(f"{name} must be below {below}, not {shown(value)}")
 
 
 def make_config(config_class, **values):

@@ -4,10 +4,12 @@ line naming it, and every file a script writes is written whole or not at all. J
 Infinity). meta.json of a prepared data set and its token splits are checked here.
 """
 import difflib
+import glob
 import json
 import math
 import os
 import shlex
+import stat
 import sys
 
 import numpy as np
@@ -18,25 +20,44 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "script, e.g. `python train.py --help`")
 
 from plumbing.errors import ConfigError
+from plumbing.schemas import META, checked
 
 
-def read_bytes(path, what, fix):
-    """The bytes of the file at path; ConfigError (naming what it is and the fix) if it is missing, a folder or
-    unreadable."""
-    if os.path.isdir(path):
-        raise ConfigError(f"{what} {path} is a folder, not a file; {fix}")
+def regular_file(path, what, fix):
+    """path, after checking that it is a regular file (or a link to one): ConfigError, naming what it is and the fix,
+    for one that is missing, a folder, or a FIFO, a socket or a device, refused before it is opened (reading a FIFO
+    waits for a writer that may never come)."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} does not exist; {fix}")
     except OSError as e:
         raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{what} {path} is a folder, not a file; {fix}")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a FIFO, a socket or a device), which is not read; "
+                          f"{fix}")
+    return path
 
 
-def read_text(path, what, fix):
+def read_bytes(path, what, fix, limit=None):
+    """The bytes of the regular file at path (regular_file()); ConfigError (naming what it is and the fix) if it
+    cannot be read, or holds more than limit bytes."""
+    regular_file(path, what, fix)
+    try:
+        if limit is not None and os.path.getsize(path) > limit:
+            raise ConfigError(f"{what} {path} holds {os.path.getsize(path):,} bytes, more than the {limit:,} such a "
+                              f"file may; {fix}")
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
+
+
+def read_text(path, what, fix, limit=None):
     """The UTF-8 text of the file at path (read_bytes' checks, and not UTF-8)."""
-    data = read_bytes(path, what, fix)
+    data = read_bytes(path, what, fix, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -99,6 +120,11 @@ def prepare_hint(data_dir, dataset):
     if os.path.basename(dataset) != dataset or dataset in ("", ".", ".."):
         return (f"--dataset names one folder inside --data_dir, without / or .. (prepare.py makes "
                 f"{', '.join(DATASETS)}, or one of your own with --files and --name)")
+    left = sorted(glob.glob(os.path.join(glob.escape(data_dir), f".{glob.escape(dataset)}.old-*")))
+    if left and os.path.isfile(os.path.join(left[-1], "meta.json")):  # prepare.py stopped between its two renames
+        folder = os.path.join(data_dir, dataset)
+        return (f"the data set sits in {left[-1]}, where a prepare.py run that was stopped while replacing it left it; "
+                f"put it back with `mv {shlex.quote(left[-1])} {shlex.quote(folder)}`")
     prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ()) if d != dataset and all(
         os.path.isfile(os.path.join(data_dir, d, f)) for f in ("meta.json", "train.bin", "val.bin"))]
     close = difflib.get_close_matches(dataset, [*prepared, *DATASETS], 1, 0.6)
@@ -117,17 +143,7 @@ def read_meta(data_dir, dataset):
     if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
         raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); "
                           + prepare_hint(data_dir, dataset))
-    meta = read_json(meta_path, "the data set's meta.json", REDO)
-    if not isinstance(meta, dict):
-        raise ConfigError(f"{meta_path} is not a JSON object; {REDO}")
-    missing = [k for k in ("tokenizer", "vocab_size", "dtype") if k not in meta]
-    if missing:
-        raise ConfigError(f"{meta_path} lacks {', '.join(missing)}; {REDO}")
-    if meta["dtype"] not in ("uint16", "uint32"):
-        raise ConfigError(f"{meta_path} names dtype {meta['dtype']!r}; prepare.py writes uint16 or uint32; {REDO}")
-    if type(meta["vocab_size"]) is not int or meta["vocab_size"] < 1:
-        raise ConfigError(f"{meta_path} names vocab_size {meta['vocab_size']!r}; {REDO}")
-    return meta
+    return checked(read_json(meta_path, "the data set's meta.json", REDO), META, meta_path, REDO)
 
 
 def split_tokens(data_dir, dataset, split, meta):
@@ -144,6 +160,20 @@ def split_tokens(data_dir, dataset, split, meta):
         raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
                           f"{REDO}")
     return n
+
+
+def write_json(path, value, schema):
+    """value as strict JSON at path, whole or not at all: checked against schema first (a writer never replaces a
+    file with one its readers refuse), written to a temporary file beside it, then renamed over it."""
+    checked(value, schema, path, "nothing was written; this is a bug of the script that wrote it")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(to_json(value, indent=1))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def save_checkpoint(path, ckpt):

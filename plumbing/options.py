@@ -18,7 +18,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "e.g. `python train.py --help`")
 
 from common import SIZES, load_model_module, model_names
-from plumbing.config import check_config, make_config
+from plumbing.config import OptionError, check_config, make_config
 from plumbing.errors import ConfigError
 from plumbing.files import read_meta, read_text
 
@@ -56,8 +56,8 @@ class ArgumentParser(argparse.ArgumentParser):
                     f"{of}: pass --model {owners[0]}, or drop {name}"
         close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--") and
                                                  o != "--help"], 1, 0.75)
-        if close and close[0][2:] in self.owned:
-            return f"did you mean {close[0]}? {self.owned[close[0][2:]]}"
+        if close and close[0][2:] in self.owned:  # its caller sets that one: say what to use instead, only
+            return self.owned[close[0][2:]]
         return f"did you mean {close[0]}?" if close else ""
 
 
@@ -104,11 +104,9 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     names prog's --help (also when another script, sweep.py, checks train.py's options) and, for an unknown option,
     no option of owned (ArgumentParser)."""
     files, rest = split_config_files(argv)
-    from_files, origin = {}, {}
+    from_files, origin = {}, {}  # origin: where each value of a preset was set ("file line N")
     for path in files:
-        values = read_config_file(path)
-        from_files.update(values)
-        origin.update(dict.fromkeys(values, path))
+        from_files.update(read_config_file(path, origin))
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("model", "dataset", "data_dir"):
         pre.add_argument(f"--{name}", default=from_files.get(name, getattr(config_class, name)))
@@ -119,8 +117,8 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     for cls, names in ((config_class, train_fields), (module.GPTConfig, model_fields)):
         try:  # a preset's values are Python values: their types are checked here, not parsed by argparse
             check_config(cls, {k: v for k, v in from_files.items() if k in names})
-        except ValueError as e:
-            raise ConfigError(f"{e} (set in {origin[str(e).split()[0][2:]]})")
+        except OptionError as e:
+            raise ConfigError(f"{e} (set in {origin[e.name]})")
     parser = ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter, model=early.model,
                             owned=owned, usage="%(prog)s [preset.py ...] [--option value ...]")
     add_options(parser, config_class, "training", from_files)
@@ -147,8 +145,8 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
         cfg = make_config(config_class, **{k: v for k, v in args.items() if k in train_fields})
         model_args = {k: v for k, v in args.items() if k in model_fields}
         make_config(module.GPTConfig, **model_args)  # its constraints, before any data is read
-    except (ValueError, TypeError) as e:
-        name = str(e).split()[0][2:] if str(e).startswith("--") else ""
+    except (ValueError, TypeError) as e:  # an option's own rules (OptionError), or those across options
+        name = e.name if isinstance(e, OptionError) else str(e).split()[0][2:] if str(e).startswith("--") else ""
         raise ConfigError(f"{e}{where(name)}")
     check_paths(cfg)
     check_outputs(cfg)
@@ -163,32 +161,49 @@ def split_config_files(argv):
     return argv[:n], argv[n:]
 
 
-def read_config_file(path, within=()):
+# what a preset may hold: a file read whole must be small, a base chain short, a number one an option can take
+PRESET_BYTES, PRESET_DEPTH, PRESET_INT_BITS = 1_000_000, 16, 64
+
+
+def read_config_file(path, origin=None, within=()):
     """The assignments of a preset file, read and not run: every statement is one `name = literal` (a number,
     string, bool, None, or a list, tuple or dict of them, as ast.literal_eval reads it), and anything else is
     refused with its line number, so that a preset someone hands you runs no code, not even for --help.
     `base = "other.py"` (a file beside it) layers the file on another preset: the base's values first, then this
-    file's."""
-    source = read_text(path, "the config file", "pass a preset file of `name = value` lines, such as config/*.py")
+    file's. Within limits: PRESET_BYTES per file, PRESET_DEPTH presets in a base chain, integers of PRESET_INT_BITS;
+    each breach is one line naming the file (and line). origin (a dict), where given, gets where each value was
+    set: "file line N"."""
+    fix = "pass a preset file of `name = value` lines, such as config/*.py"
+    source = read_text(path, "the config file", fix, limit=PRESET_BYTES)
     try:
         tree = ast.parse(source, path)
-    except SyntaxError as e:
-        raise ConfigError(f"config file {path} line {e.lineno}: {e.msg}; fix the file (it holds `name = value` "
-                          "lines)")
-    values = {}
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
+        line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+        reason = " ".join(str(getattr(e, "msg", e)).split())[:100]
+        raise ConfigError(f"config file {path}{line}: {reason}; fix the file (it holds `name = value` lines)")
+    values, where = {}, {}
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
         if not isinstance(target, ast.Name):
             line = source.splitlines()[node.lineno - 1].strip()
             raise ConfigError(f"config file {path} line {node.lineno}: {line[:60]!r} is not a `name = value` "
                               "assignment; a preset is read, not run: write each option as `name = value`")
+        at = f"config file {path} line {node.lineno}"
         try:
             values[target.id] = ast.literal_eval(node.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            raise ConfigError(f"config file {path} line {node.lineno}: the value of {target.id} is not a literal "
-                              "(a number, string, True/False/None, or a list, tuple or dict of them); a preset is "
-                              "read, not run: write the value itself")
+            raise ConfigError(f"{at}: the value of {target.id} is not a literal (a number, string, True/False/None, "
+                              "or a list, tuple or dict of them); a preset is read, not run: write the value itself")
+        big = [n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and type(n.value) is int
+               and n.value.bit_length() > PRESET_INT_BITS]
+        if big:
+            raise ConfigError(f"{at}: the value of {target.id} holds an integer of {big[0].bit_length():,} bits, more "
+                              f"than an option takes ({PRESET_INT_BITS}); write the number an option takes")
+        where[target.id] = f"{path} line {node.lineno}"
     base = values.pop("base", None)
+    where.pop("base", None)
+    if origin is not None:
+        origin.update(where)
     if base is None:
         return values
     if not isinstance(base, str) or os.path.basename(base) != base or not base.endswith(".py"):
@@ -196,7 +211,14 @@ def read_config_file(path, within=()):
     base = os.path.join(os.path.dirname(path), base)
     if os.path.abspath(base) in within:
         raise ConfigError(f"config file {path}: its base {base} leads back to it; fix the files")
-    return {**read_config_file(base, (*within, os.path.abspath(path))), **values}
+    if len(within) + 1 >= PRESET_DEPTH:
+        raise ConfigError(f"config file {path}: its chain of base presets is more than {PRESET_DEPTH} files long; "
+                          "layer fewer presets")
+    inherited = {}
+    below = read_config_file(base, inherited, (*within, os.path.abspath(path)))
+    if origin is not None:  # a value this file sets is this file's; the others, where the base set them
+        origin.update({k: v for k, v in inherited.items() if k not in where}, **where)
+    return {**below, **values}
 
 
 def explicit_options(argv):

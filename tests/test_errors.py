@@ -141,7 +141,7 @@ TRAIN_CASES = [
      None, None, ""),
     ("bin_odd_bytes", ["--out_dir={new}"], "not a whole number of uint16 tokens", "odd_bytes", None, ""),
     ("meta_not_json", ["--out_dir={new}"], "meta.json is not readable JSON", "not_json", None, ""),
-    ("meta_no_dtype", ["--out_dir={new}"], "meta.json lacks dtype", "no_dtype", None, ""),
+    ("meta_no_dtype", ["--out_dir={new}"], "meta.json: its field dtype is missing", "no_dtype", None, ""),
     ("meta_wrong_dtype", ["--out_dir={new}"], "holds 2000 uint32 tokens but meta.json says 4000", "wrong_dtype",
      None, ""),
     ("meta_vocab_below_ids", ["--out_dir={new}"], "holds token id 122 but the model's vocab_size is 100",

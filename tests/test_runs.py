@@ -208,3 +208,22 @@ def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
     assert "[rank" not in err  # no worker's traceback (torchrun's own report of the killed worker follows)
     read_checkpoint(str(run / "ckpt.pt"))
     assert all("iter" in r for r in records(run / "log.jsonl"))
+
+
+def test_a_resume_with_another_global_batch_counts_its_tokens_on(data, saved_run, tmp_path, capsys):
+    """--batch_size changed on --resume: the run says so in one note and counts on from the saved tokens at its own
+    tokens per step; every record holds the count, and eval.py --curves reads it (never steps x one batch)."""
+    run = tmp_path / "run"
+    shutil.copytree(saved_run, run)
+    saved = read_checkpoint(str(run / "ckpt.pt"), ("model_name", "run", "tokens_seen"), mmap=True)
+    per_step = saved["run"]["tokens_per_step"]
+    assert saved["tokens_seen"] == 4 * per_step == 4 * 4 * 32  # 4 steps of 4 windows of 32 tokens
+    code, _, err = run_script("train.py", ["--data_dir", data, "--out_dir", run, "--max_iters=6", "--eval_interval=2",
+                                           "--log_interval=1", *TINY, "--batch_size=2", "--resume"], capsys)
+    assert code == 0 and "note: the run resumes with 64 tokens per optimiser step where it saved 128" in err, err
+    resumed = read_checkpoint(str(run / "ckpt.pt"), ("model_name", "tokens_seen"), mmap=True)
+    assert resumed["tokens_seen"] == 4 * 128 + 2 * 64
+    log = records(run / "log.jsonl")
+    assert [(r["iter"], r["tokens"]) for r in log if "loss" in r][-3:] == [(4, 512), (5, 576), (6, 640)]
+    code, out, _ = run_script("eval.py", ["--curves", run, "--plot", "false"], capsys)
+    assert code == 0 and "6 steps (640 tokens)" in out, out

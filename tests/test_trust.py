@@ -319,17 +319,19 @@ def test_init_from_a_folder_of_another_model_suggests_a_model_that_loads_it(run,
 
 
 @pytest.mark.parametrize("train_args,fragment", [
-    ("--max_iter 3", "did you mean --max_iters? the sweep sets --max_iters for every run: use tools/sweep.py --train_iters; "
-     "see train.py --help"),
+    ("--max_iter 3", "unrecognized arguments: --max_iter 3; the sweep sets --max_iters for every run: use "
+     "tools/sweep.py --train_iters; see train.py --help"),  # one way: not a hint to --max_iters, which it sets
     ("--eval_iters=1 --lerning_rate=1e-3", "did you mean --learning_rate?; see train.py --help"),
     ("--va_lr=0.1", "drop --va_lr (the sweep sets --model for every run: use tools/sweep.py --runs)"),
     ("--warmup_iters=-1", "--warmup_iters must be 0 or more, not -1"),
 ], ids=["owned", "typo", "other_model", "bad_value"])
 def test_sweep_checks_its_train_args_before_any_run(train_args, fragment, data, tmp_path, capsys):
     code, out, err = run_script("tools/sweep.py", ["--train_args", train_args, "--data_dir", data, "--runs_dir",
-                                             tmp_path / "runs", "--results", tmp_path / "results", "--reuse=",
-                                             "--train_iters=2", "--seeds=1", "--device=cpu", "--runs=vanilla"], capsys)
+                                                   tmp_path / "runs", "--results", tmp_path / "results", "--reuse=",
+                                                   "--train_iters=2", "--seeds=1", "--device=cpu", "--runs=vanilla"],
+                                capsys)
     assert_one_error_line(code, err, fragment)
+    assert "did you mean --max_iters" not in err
     assert not out and not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 

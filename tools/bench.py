@@ -35,8 +35,9 @@ from generate import compile_decode_step, decode_step, generate
 from plumbing.checkpoints import checkpoint_path
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import read_json, to_json
+from plumbing.files import read_json, write_json
 from plumbing.options import parse_simple
+from plumbing.schemas import BENCH, BENCH_DECODE, checked
 from tools.tables import command_line, hardware_name, update_readme
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
@@ -367,8 +368,11 @@ def decoding_table(rows, baseline):
              "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if baseline else "")]
     by = {(r["label"], r["mode"], r["batch"]): r for r in rows}
 
-    def spread(r, name):
-        return f"{r[name]:.2f} ({r[f'{name}_min']:.2f}-{r[f'{name}_max']:.2f})" if r and name in r else "-"
+    def spread(r, name):  # the median, and its smallest and largest where the file has them
+        if not r or name not in r:
+            return "-"
+        lo, hi = r.get(f"{name}_min"), r.get(f"{name}_max")
+        return f"{r[name]:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None and hi is not None else "")
     for label, batch in dict.fromkeys((r["label"], r["batch"]) for r in rows if r["mode"] != "baseline"):
         e, c = by.get((label, "eager", batch)), by.get((label, "compiled", batch))
         first = e or c
@@ -503,8 +507,8 @@ def main(argv):
     if args.table_only:  # the table of a file measured before or elsewhere
         if not (args.decode and args.json):
             raise ConfigError("--table_only prints the --decode table of a --json file: give --decode and --json")
-        saved = read_json(args.json, "the --json file",
-                          "give a file that `python -m tools.bench --decode --json` wrote")
+        fix = "give a file that `python -m tools.bench --decode --json` wrote"
+        saved = checked(read_json(args.json, "the --json file", fix), BENCH_DECODE, args.json, fix)
         text = publish_decoding(saved, args.json) if args.update_readme else decoding_table(saved["results"],
                                                                                              saved.get("baseline"))
         print(text, end="")
@@ -556,8 +560,7 @@ def main(argv):
         print_measurements(rows)
         head.update(batch_size=args.batch_size, compile=args.compile, warmup=args.warmup, iters=args.iters)
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(to_json({**head, "results": rows}, indent=1))
+        write_json(args.json, {**head, "results": rows}, BENCH_DECODE if args.decode else BENCH)
     if args.update_readme:
         publish_decoding({**head, "results": rows}, args.json)
     return rows

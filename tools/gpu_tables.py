@@ -29,7 +29,6 @@ writes its table into docs/ (one merge at a time: two processes rewriting one pa
 Then the timed parts run one after another, alone on the machine, and their models compile from that cache in
 seconds.
 """
-import json
 import os
 import re
 import shlex
@@ -46,7 +45,9 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 
 from plumbing.config import option
 from plumbing.errors import ConfigError, RunError, main_boundary
-from plumbing.options import parse_simple, without
+from plumbing.files import read_json
+from plumbing.options import check_output, parse_simple, without
+from plumbing.schemas import BENCH, BENCH_DECODE, checked
 from tools.tables import hardware_name, update_readme
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
@@ -65,8 +66,8 @@ class TablesConfig:
     parts: str = option(",".join(PARTS), "comma-separated parts to run, in this order: " + ", ".join(PARTS))
     runs: str = option("vertical,skiplayer,attnres,aila,skipmiddle", "tools/bench.py's --runs: the labels measured beside "
                        "vanilla")
-    out: str = option("", "folder of the JSON files; '' = results/<gpu>, the GPU's model in lower case (h100, h200)",
-                      path=True, out="folder")
+    out: str = option("", "folder of the JSON files (written, or with --summary read); '' = results/<gpu>, the GPU's "
+                      "model in lower case (h100, h200)", path=True)
     repeats: int = option(3, "timed repeats per model (tools/bench.py --repeats)", min=1)
     iters: int = option(5, "training steps per timed repeat (tools/bench.py --iters)", min=1)
     jobs: int = option(4, "processes compiling training steps at once before the timed parts (each holds a training "
@@ -216,7 +217,11 @@ def summary(out):
     memory at 1024 tokens, compiled decoding at batch 1, eager training, compiled training at 4096 tokens."""
     def read(name):
         path = os.path.join(out, name)
-        return json.load(open(path)) if os.path.exists(path) else None
+        if not os.path.exists(path):
+            return None
+        fix = f"run its part again (python -m tools.gpu_tables --parts ...), or move the file out of {out}"
+        return checked(read_json(path, "the results file", fix), BENCH_DECODE if name == "decode.json" else BENCH,
+                       path, fix)
 
     compiled, eager, long, decode = (read(n) for n in ("bench_300m_1024.json", "bench_300m_1024_eager.json",
                                                        "bench_300m_4096.json", "decode.json"))
@@ -236,7 +241,7 @@ def summary(out):
         if x is None or field not in x:
             return "-"
         lo, hi = x.get(f"{field}_min"), x.get(f"{field}_max")
-        return f"{x[field]:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None and lo != hi else "")
+        return f"{x[field]:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if None not in (lo, hi) and lo != hi else "")
     lines = [f"{first['hardware']}, {first['dtype']}, torch {first['torch']}, the 300m shape; ratios to vanilla "
              "(median, in brackets the smallest and largest of the interleaved repeats):", "",
              "| model | compiled tok/s (1024) | MFU | MFU x vanilla | peak memory | compiled decode (B 1) | eager "
@@ -267,6 +272,8 @@ def main(argv):
         if args.update_readme:
             update_readme(table, args.out)
         return table
+    if not args.dry_run and args.out:  # where the parts write: before anything runs
+        check_output("--out", args.out, "folder")
     if not args.dry_run and not torch.cuda.is_available():
         raise ConfigError("no CUDA GPU here: these are the GPU tables; --dry_run prints the commands")
     out = args.out or gpu_folder(hardware_name(torch.device("cuda")) if torch.cuda.is_available() else "gpu")

@@ -30,7 +30,6 @@ with --merge into the file that one run of the same command would have written.
 """
 import collections
 import importlib.util
-import json
 import os
 import shlex
 import sys
@@ -46,8 +45,9 @@ from common import autocast, load_model_module, model_names, resolve_device
 from generate import cache_for, compile_decode_step, decode_step, inference
 from plumbing.config import checked_model, option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import read_json
+from plumbing.files import read_json, write_json
 from plumbing.options import explicit_options, parse_simple, without
+from plumbing.schemas import KERNELS, checked
 from tools.bench import RUNS
 from tools.tables import command_line, hardware_name, update_readme
 
@@ -258,10 +258,9 @@ def merged(args, argv):
         fix = ("count it: `" + shlex.join(["python", "-m", "tools.kernels", *alone, "--runs", label, "--with_vanilla",
                                            "false",
                                            "--json", path]) + "`")
-        part = read_json(path, "--merge part", fix)
-        shape = part.get("shape") if isinstance(part, dict) else None
-        models = part.get("models") if isinstance(part, dict) else None
-        if not isinstance(shape, dict) or not isinstance(models, dict) or not isinstance(models.get(label), dict):
+        part = checked(read_json(path, "--merge part", fix), KERNELS, path, fix)
+        shape, models = part["shape"], part["models"]
+        if label not in models:
             raise ConfigError(f"--merge part {path} holds no counts of {label}; {fix}")
         first = first or shape
         want = header(args, first.get("device"), dtype, first.get("torch"), shape.get("command"))
@@ -279,8 +278,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.table_only:
-        with open(args.json) as f:
-            return publish(json.load(f), args)
+        fix = "give a file that `python -m tools.kernels --json` wrote"
+        return publish(checked(read_json(args.json, "the --json file", fix), KERNELS, args.json, fix), args)
     if args.merge:
         saved = merged(args, argv)
     else:
@@ -294,8 +293,7 @@ def main(argv=None):
             os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         saved = counted(args, argv, device)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(saved, f, indent=1)
+        write_json(args.json, saved, KERNELS)
     if "vanilla" not in saved["models"]:  # a part (--with_vanilla false): no base for the ratios, so no table
         for label, r in saved["models"].items():
             print(f"{label}: {r['train']} kernels per training step, {r['decode']} per decode step")
@@ -351,7 +349,7 @@ def publish(saved, args):
         lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {size}:", "",
                  "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
         for label, r in rows.items():  # a GPU kernel's name can run to hundreds of characters: its first 40 here
-            top = ", ".join(f"{n[:40]} {c}" for n, c in list(r["train_ops"].items())[:args.top])
+            top = ", ".join(f"{n[:40]} {c}" for n, c in list(r.get("train_ops", {}).items())[:args.top])
             lines.append(f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
     print("\n".join(lines))
     if args.update_readme:

@@ -50,8 +50,9 @@ from common import DTYPES, load_model_module, model_from_checkpoint, SIZES
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
 from plumbing.errors import ConfigError, Interrupted, main_boundary
-from plumbing.files import parse_json, read_json, read_meta, read_text, to_json
+from plumbing.files import parse_json, read_json, read_meta, read_text, write_json
 from plumbing.options import parse_model_options, parse_simple
+from plumbing.schemas import SWEEP, checked
 from tools.tables import hardware_name, update_readme
 from eval import evaluate_split, import_pyplot
 from train import TrainConfig
@@ -437,12 +438,7 @@ def read_results(json_path):
     if not os.path.exists(json_path):
         return {}
     fix = "restore it from version control, or move it away to train its runs again"
-    saved = read_json(json_path, "the results file", fix)
-    runs = saved.get("runs") if isinstance(saved, dict) else None
-    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("key"), str) for r in runs):
-        raise ConfigError(f"the results file {json_path} is not a sweep's results (an object with a list of runs, "
-                          f"each with its key); {fix}")
-    return saved
+    return checked(read_json(json_path, "the results file", fix), SWEEP, json_path, fix)
 
 
 def saved_runs(json_path):
@@ -460,7 +456,8 @@ def save_run(sweep, record, header, argv):
     head = {**header, "command": command(sweep, argv)}
     if record.get("reused") and "hardware" in saved:
         head.update({k: saved[k] for k in ("hardware", "torch")})
-    write_json(json_path, {**saved, **head, "runs": list(runs.values())})
+    write_json(json_path, {**saved, **head, "runs": list(runs.values())}, SWEEP)  # whole: an interrupted sweep
+    # never leaves a broken results.json
 
 
 def command(sweep, argv):
@@ -480,13 +477,6 @@ def without_options(argv, *names):
         else:
             kept.append(a)
     return kept
-
-
-def write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(to_json(data, indent=1))
-    os.replace(tmp, path)  # atomic: an interrupted sweep never leaves a broken results.json
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -553,7 +543,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
     pair = frontier_pair(runs, xs, sweep["reference"]) if "frontier" in sweep else None
     rows = aggregate(runs, labels, pair)
     if runs:
-        write_json(json_path, {**saved, **head, "summary": rows})
+        write_json(json_path, {**saved, **head, "summary": rows}, SWEEP)
     table = results_table(sweep, rows, runs, head, len(planned))
     os.makedirs(sweep["results"], exist_ok=True)
     with open(os.path.join(sweep["results"], "RESULTS.md"), "w") as f:

@@ -1,0 +1,240 @@
+"""
+Plumbing a learner may skip: the declared shape of every file the scripts read, checked where the file is read and
+before anything uses it: train.py's checkpoint, a data set's meta.json, log.jsonl's records and the tools' results
+(tools/bench.py, tools/kernels.py, tools/sweep.py). A file that does not match ends in one line naming the file, the
+field, what was expected and what to do. A schema is a plain value:
+    int, str, bool, Tensor    that type (a bool is not an int)
+    Num(min, max, integer)    a finite number (NaN and infinity are refused) within the bounds; integer: an int
+    OneOf(a, b, ...)          one of these values
+    Null(schema)              schema, or None (JSON's null: to_json writes a value that is not finite as null)
+    [schema]                  a list whose every item matches schema
+    {key: schema}             a dict with these keys; Opt(schema) may be missing; other keys are tolerated (a newer
+                              file's, or a field no reader uses), and checked against the schema at key ... if any
+    Map(schema)               a dict of string keys, every value matching schema
+    Scalar                    a string, a bool, a finite number or null (an option's value)
+    Bytes                     a tensor of bytes (uint8, one dimension: a random number generator's state)
+    Any                       anything
+"""
+import dataclasses
+import math
+import sys
+
+import torch
+
+if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
+    sys.exit("plumbing/schemas.py is a library module (the declared shape of every file the scripts read); run a "
+             "script, e.g. `python train.py --help`")
+
+from plumbing.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Num:
+    min: float = None
+    max: float = None
+    integer: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    values: tuple
+
+    def __init__(self, *values):
+        object.__setattr__(self, "values", values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Opt:
+    schema: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Null:
+    schema: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Map:
+    schema: object
+
+
+Any, Scalar, Bytes = object(), object(), object()
+Tensor = torch.Tensor
+
+
+class Mismatch(Exception):
+    """Where a value does not match its schema: the field (a path of keys and indices) and what was expected."""
+
+    def __init__(self, field, expected, value=None):
+        super().__init__(field, expected)
+        self.field, self.expected, self.value = field, expected, value
+
+
+def describe(value):
+    """A value in a few words, for the line that says what a field holds instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (dict, list, tuple, torch.Tensor)) or value is None:
+        return {dict: "an object", list: "a list", tuple: "a list"}.get(type(value), "null" if value is None else
+                                                                          "a tensor")
+    text = repr(value)
+    return f"{type(value).__name__} {text[:30]}{'...' if len(text) > 30 else ''}"
+
+
+def expected(schema):
+    """What schema asks for, in a few words."""
+    if isinstance(schema, Num):
+        what = "an integer" if schema.integer else "a finite number"
+        if schema.min is not None and schema.max is not None:
+            return f"{what} from {schema.min} to {schema.max}"
+        return what + (f" of at least {schema.min}" if schema.min is not None else "")
+    if isinstance(schema, OneOf):
+        return "one of " + ", ".join(map(repr, schema.values))
+    if isinstance(schema, Null):
+        return expected(schema.schema) + " or null"
+    if isinstance(schema, list):
+        return f"a list of {expected(schema[0])}"
+    if isinstance(schema, (dict, Map)):
+        return "an object"
+    if schema is Scalar:
+        return "a string, a finite number, true, false or null"
+    if schema is Bytes:
+        return "a tensor of bytes"
+    return {int: "an integer", str: "a string", bool: "true or false", Tensor: "a tensor", dict: "an object"}.get(
+        schema, "a value")
+
+
+def check(value, schema, field=""):
+    """Raise Mismatch at the first field of value that does not match schema."""
+    if schema is Any:
+        return
+    if schema is Bytes:
+        if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1):
+            raise Mismatch(field, expected(schema), value)
+        return
+    if schema is Scalar:
+        if not (value is None or type(value) in (str, bool, int) or type(value) is float and math.isfinite(value)):
+            raise Mismatch(field, expected(schema), value)
+        return
+    if isinstance(schema, Null):
+        if value is not None:
+            check(value, schema.schema, field)
+        return
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise Mismatch(field, expected(schema), value)
+        for key in value.keys() - schema.keys() if ... in schema else ():
+            check(value[key], schema[...], f"{field}.{key}" if field else str(key))
+        for key, sub in schema.items():
+            if key is ...:
+                continue
+            optional = isinstance(sub, Opt)
+            if key not in value:
+                if not optional:
+                    raise Mismatch(f"{field}.{key}" if field else key, "present")
+                continue
+            check(value[key], sub.schema if optional else sub, f"{field}.{key}" if field else key)
+        return
+    if isinstance(schema, Map):
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise Mismatch(field, "an object", value)
+        for key, item in value.items():
+            check(item, schema.schema, f"{field}.{key}" if field else key)
+        return
+    if isinstance(schema, list):
+        if not isinstance(value, (list, tuple)):
+            raise Mismatch(field, expected(schema), value)
+        for i, item in enumerate(value):
+            check(item, schema[0], f"{field}[{i}]")
+        return
+    if isinstance(schema, OneOf):
+        if not any(value == v and type(value) is type(v) for v in schema.values):
+            raise Mismatch(field, expected(schema), value)
+        return
+    if isinstance(schema, Num):
+        ok = (type(value) is int or not schema.integer and type(value) is float and math.isfinite(value)) and (
+            schema.min is None or value >= schema.min) and (schema.max is None or value <= schema.max)
+        if not ok:
+            raise Mismatch(field, expected(schema), value)
+        return
+    if not (isinstance(value, schema) and (schema is not int or type(value) is int)):
+        raise Mismatch(field, expected(schema), value)
+
+
+def checked(value, schema, path, fix):
+    """value, after check(): ConfigError in one line naming path (the file), the field, what it holds, what was
+    expected, and fix."""
+    try:
+        check(value, schema)
+    except Mismatch as e:
+        where = f"its field {e.field}" if e.field else "it"
+        held = "is missing" if e.expected == "present" else f"is {describe(e.value)}, not {e.expected}"
+        raise ConfigError(f"{path}: {where} {held}; {fix}")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the schemas
+
+COUNT, STEP = Num(min=1, integer=True), Num(min=0, integer=True)
+
+# meta.json of a prepared data set (prepare.py)
+META = {"tokenizer": str, "vocab_size": COUNT, "dtype": OneOf("uint16", "uint32"), "eot_token": Opt(STEP),
+        "train_tokens": Opt(STEP), "val_tokens": Opt(STEP), "dataset": Opt(str)}
+
+# train.py's ckpt.pt: the fields the scripts read; a checkpoint of an older version lacks some (a reader names the
+# ones it needs), one of a newer version may hold more (tolerated). model_args and the weights are checked against the
+# model file apart (plumbing/checkpoints.py's check_model), since they depend on it.
+CHECKPOINT = {
+    "model_name": str,
+    "model_args": {name: Any for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
+                                          "ffn_hidden")},  # every version wrote these: their defaults are not the run's
+    "model": Map(Tensor),
+    "train_config": Opt({"data_dir": Opt(str), "dataset": Opt(str), "init_from": Opt(str), "max_iters": Opt(STEP),
+                         "lr_decay_iters": Opt(STEP), "decay_lr": Opt(bool), "warmup_iters": Opt(STEP),
+                         "batch_size": Opt(COUNT), "gradient_accumulation_steps": Opt(Null(COUNT)), ...: Scalar}),
+    "run": Opt({"world": COUNT, "gradient_accumulation_steps": COUNT, "tokens_per_step": Opt(COUNT),
+                "device": Opt(str), "dtype": Opt(str)}),
+    "optimizer": Opt({"state": dict, "param_groups": [{  # AdamW's groups (the state against the model: checks.py)
+        "params": [int], "lr": Num(min=0), "betas": [Num(min=0, max=1)], "eps": Num(min=0), "weight_decay": Num(min=0),
+        "base_lr": Opt(Num(min=0)), "amsgrad": Opt(bool), "maximize": Opt(bool), "capturable": Opt(bool),
+        "differentiable": Opt(bool), "decoupled_weight_decay": Opt(bool), "foreach": Opt(Null(bool)),
+        "fused": Opt(Null(bool)), ...: Scalar}]}),
+    "iter_num": Opt(STEP),
+    "tokens_seen": Opt(STEP),
+    "best_val_loss": Opt(Num()),
+    "meta": Opt(META),
+    "rng": Opt({"torch": [Bytes], "cuda": Opt([Bytes])}),
+}
+
+# a record of a run's log.jsonl (train.py's Log): a step, and the numbers of that step
+LOG_RECORD = {"iter": STEP, "tokens": Opt(STEP), "loss": Opt(Num()), "val_loss": Opt(Num()), "lr": Opt(Num(min=0)),
+              "tok_per_s": Opt(Num(min=0)), "mfu": Opt(Null(Num(min=0)))}
+
+# tools/kernels.py --json
+KERNELS = {"shape": {"n_layer": COUNT, "n_embd": COUNT, "vocab_size": COUNT, "batch_size": COUNT, "block_size": COUNT,
+                     "device": str, "torch": str, "compiled": Opt(bool), "dtype": Opt(str), "command": Opt(Null(str))},
+           "models": Map({"train": STEP, "decode": STEP, "train_ops": Opt(Map(STEP)), "decode_ops": Opt(Map(STEP))})}
+
+RATIO = Opt(Num(min=0))
+# tools/bench.py --json: training (results of train_speed_ratio ...) or --decode (results of decode_ratio ...)
+BENCH = {"hardware": str, "dtype": str, "torch": str, "repeats": Opt(COUNT), "shape": dict,
+         "results": [{"label": str, "mode": Opt(OneOf("eager", "compiled", "baseline")), "batch": Opt(COUNT),
+                      "train_speed_ratio": RATIO, "train_speed_ratio_min": RATIO, "train_speed_ratio_max": RATIO,
+                      "mfu": Opt(Null(Num(min=0))), "peak_mem_ratio": RATIO, "decode_ratio": RATIO, "decode_ratio_min": RATIO,
+                      "decode_ratio_max": RATIO, "decode_tok_s": Opt(Num(min=0)), "prefill_tok_s": Opt(Num(min=0)),
+                      "time_to_first_token_s": Opt(Num(min=0)), "compile_s": Opt(Null(Num(min=0))),
+                      "skip_ratio": RATIO, "skip_ratio_min": RATIO, "skip_ratio_max": RATIO,
+                      "baseline_ratio": RATIO, "baseline_ratio_min": RATIO, "baseline_ratio_max": RATIO}]}
+BENCH_DECODE = {**BENCH, "prompt_tokens": COUNT, "decode_tokens": COUNT, "command": [str],
+                "baseline": Opt(Null(str)),
+                "results": [{**BENCH["results"][0], "mode": OneOf("eager", "compiled", "baseline"), "batch": COUNT,
+                             "decode_tok_s": Num(min=0), "prefill_tok_s": Num(min=0),
+                             "time_to_first_token_s": Num(min=0)}]}
+
+# tools/sweep.py's results.json: a header (the command, the machine, the shape) and a record per trained run
+SWEEP = {"runs": [{"label": str, "seed": STEP, "key": str, "options": [str], "val_loss": Num(), "val_tokens": COUNT,
+                   "steps": STEP, "tokens_seen": STEP, "train_seconds": Num(min=0), "params": COUNT,
+                   "stats": Map(Null(Num())), "curve": [[Num()]], "cpu_seconds": Opt(Num(min=0)),
+                   "reused": Opt(bool)}],
+         "command": Opt([str]), "hardware": Opt(str), "torch": Opt(str), "summary": Opt(list)}

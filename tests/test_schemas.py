@@ -1,0 +1,314 @@
+"""Every file is read whole before it is trusted (plumbing/schemas.py): each field of a real file, in turn removed,
+set to a value of the wrong type and set to NaN, read by every script that reads that kind of file, gives a run
+that works, or one line naming the file and no traceback, and leaves every existing file as it was. The files: a
+checkpoint of a tiny run (sample.py, eval.py, train.py --resume, hf/export.py), a data set's meta.json (train.py,
+eval.py), and the tools' results (tools/bench.py --decode --table_only, tools/gpu_tables.py --summary,
+tools/kernels.py --table_only and --merge, tools/sweep.py --table_only), generated from the files themselves, so
+that a field added to a file is tried the day it is written."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT, run_script
+from plumbing.schemas import BENCH, BENCH_DECODE, CHECKPOINT, KERNELS, META, SWEEP, Mismatch, check
+from test_errors import checksums, shakespeare_sample
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--block_size=16",
+        "--batch_size=2", "--eval_iters=1", "--device=cpu"]
+
+
+def fields(value, path=()):
+    """Every field of a nested value: each key of a dict, and the first item of a list (the others are alike). Of a
+    dict that maps names to tensors (a state dict) its first and last tensors, which stand for the rest."""
+    if isinstance(value, dict):
+        keys = list(value)
+        if len(keys) > 2 and all(torch.is_tensor(v) for v in value.values()):
+            keys = [keys[0], keys[-1]]
+        for key in keys:
+            yield path + (key,)
+            yield from fields(value[key], path + (key,))
+    elif isinstance(value, (list, tuple)) and value:
+        yield path + (0,)
+        yield from fields(value[0], path + (0,))
+
+
+def wrong_type(value):
+    """A value of another type than value's."""
+    return 7 if isinstance(value, str) else "x"
+
+
+def nan_like(value):
+    return torch.full_like(value, math.nan) if torch.is_tensor(value) and value.is_floating_point() else math.nan
+
+
+def mutations(value):
+    """(name, mutated copy) for every field of value: removed (from a dict), of the wrong type, NaN."""
+    for path in fields(value):
+        for kind in ("removed", "wrong type", "NaN"):
+            if kind == "removed" and not isinstance(get(value, path[:-1]), dict):
+                continue
+            change = {"removed": None, "wrong type": wrong_type, "NaN": nan_like}[kind]
+            yield f"{'.'.join(map(str, path))} {kind}", changed(value, path, change)
+
+
+def changed(value, path, change):
+    """A copy of value with the field at path replaced by change(it), or removed where change is None (the fields
+    on the path copied, the rest shared)."""
+    if not path:
+        return change(value)
+    head, rest = path[0], path[1:]
+    out = dict(value) if isinstance(value, dict) else list(value)
+    if not rest and change is None:
+        del out[head]
+    else:
+        out[head] = changed(value[head], rest, change)
+    return out
+
+
+def get(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def works_or_one_line(code, err, names):
+    """The run worked, or it ended in one `error:` line that names the file (one of names), without a traceback."""
+    assert "Traceback" not in err, err
+    if code == 0:
+        return True
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert any(name in lines[0] for name in names), lines[0]
+    return False
+
+
+@pytest.fixture(scope="module")
+def data(data_dir, tmp_path_factory):
+    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("schemas") / "data")
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("schemas_run") / "run"
+    train.main(["--data_dir", str(data), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2", *TINY])
+    return out
+
+
+def test_the_real_files_match_their_schemas(run, data):
+    """The schemas hold the files the scripts write (so a refusal below is of the mutation, not of the file)."""
+    check(torch.load(run / "ckpt.pt", weights_only=True), CHECKPOINT)
+    check(json.load(open(data / "shakespeare" / "meta.json")), META)
+    for name, schema in RESULTS.values():
+        check(json.load(open(os.path.join(ROOT, name))), schema)
+    with pytest.raises(Mismatch):
+        check({"iter_num": math.nan}, {"iter_num": CHECKPOINT["iter_num"].schema})
+
+
+def test_every_field_of_a_checkpoint(run, data, tmp_path, capsys):
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    steps, tried, worked = ckpt["iter_num"], 0, 0
+    for n, (name, mutated) in enumerate(mutations(ckpt)):
+        folder = tmp_path / f"run{n}"
+        shutil.copytree(run, folder)
+        torch.save(mutated, folder / "ckpt.pt")
+        before = checksums(folder, data)
+        for script, args in [
+                ("sample.py", ["--out_dir", folder, "--max_new_tokens=2", "--num_samples=1", "--device=cpu"]),
+                ("eval.py", ["--out_dir", folder, "--tokens=40", "--data_dir", data, "--device=cpu"]),
+                ("train.py", ["--resume", "--out_dir", folder, "--data_dir", data, f"--max_iters={steps}",
+                              "--batch_size=2", "--eval_iters=1", "--device=cpu"]),
+                ("hf/export.py", ["--out_dir", folder, "--to", tmp_path / f"hf{n}"])]:
+            code, _, err = run_script(script, args, capsys)
+            worked += works_or_one_line(code, err, [str(folder)])
+            tried += 1
+            assert checksums(folder, data) == before, (name, script)
+        shutil.rmtree(folder)
+    assert tried > 400 and 0 < worked < tried  # tolerated (an optional field removed) and refused, both
+
+
+def test_every_field_of_meta_json(data, tmp_path, capsys):
+    meta = json.load(open(data / "shakespeare" / "meta.json"))
+    for n, (name, mutated) in enumerate(mutations(meta)):
+        folder = tmp_path / f"data{n}"
+        shutil.copytree(data, folder)
+        (folder / "shakespeare" / "meta.json").write_text(json.dumps(mutated))  # NaN as JSON's extension writes it
+        before = checksums(folder)
+        code, _, err = run_script("train.py", ["--data_dir", folder, "--out_dir", tmp_path / f"run{n}",
+                                               "--max_iters=0", *TINY], capsys)
+        works_or_one_line(code, err, ["meta.json", str(folder)])
+        if code == 0:
+            code, _, err = run_script("eval.py", ["--out_dir", tmp_path / f"run{n}", "--data_dir", folder,
+                                                  "--tokens=40", "--device=cpu"], capsys)
+            works_or_one_line(code, err, ["meta.json", str(folder)])
+        assert checksums(folder) == before, name
+        shutil.rmtree(folder)
+
+
+# the tools' results: a committed file of each kind, and the commands that read it (FILE: the mutated copy)
+RESULTS = {
+    "decode": ("results/decode/cpu-1-thread.json", BENCH_DECODE),
+    "bench": ("results/h100/bench_300m_1024.json", BENCH),
+    "kernels": ("results/kernels_compiled.json", KERNELS),
+    "sweep": ("results/ablations/va_lr/results.json", SWEEP),
+}
+
+
+def readers(kind, path, data):
+    """[(script, args)] of the commands that read a results file of kind at path."""
+    folder = os.path.dirname(path)
+    if kind == "decode":
+        return [("tools/bench.py", ["--decode", "--table_only", "--json", path]),
+                ("tools/gpu_tables.py", ["--summary", "--out", folder, "--update_readme=false"])]
+    if kind == "bench":
+        return [("tools/gpu_tables.py", ["--summary", "--out", folder, "--update_readme=false"])]
+    if kind == "kernels":
+        part = os.path.join(folder, "parts")
+        os.makedirs(part, exist_ok=True)
+        shutil.copy(path, os.path.join(part, "vanilla.json"))
+        return [("tools/kernels.py", ["--table_only", "--json", path]),
+                ("tools/kernels.py", ["--compiled", "--size=small", "--runs=vanilla", "--json",
+                                      os.path.join(folder, "merged.json"), "--merge", part])]
+    return [("tools/sweep.py", ["--ablation=va_lr", "--table_only", "--results", folder,
+                                "--data_dir", data, "--device=cpu"])]
+
+
+@pytest.mark.parametrize("kind", list(RESULTS))
+def test_every_field_of_a_results_file(kind, data, tmp_path, capsys):
+    name, _ = RESULTS[kind]
+    saved = json.load(open(os.path.join(ROOT, name)))
+    for n, (field, mutated) in enumerate(mutations(saved)):
+        folder = tmp_path / f"case{n}"
+        folder.mkdir()
+        path = str(folder / ("decode.json" if kind == "decode" else os.path.basename(name)))
+        with open(path, "w") as f:
+            json.dump(mutated, f)  # NaN as Python's json writes it: a token that strict JSON refuses
+        before = checksums(folder)
+        for script, args in readers(kind, path, data):
+            code, _, err = run_script(script, args, capsys)
+            if works_or_one_line(code, err, [path, str(folder)]):
+                continue
+            after = checksums(folder)
+            assert {k: v for k, v in after.items() if k in before} == before, (field, script)
+        shutil.rmtree(folder)
+
+
+# ---- the edges a hostile user found: each one line, nothing changed ----------------------------------------------
+
+def test_a_fifo_is_refused_before_it_is_opened(run, data, tmp_path):
+    """A FIFO (or a socket or a device) as any input is refused without opening it, which would wait for a writer
+    forever: a preset, a preset's base, sample.py's prompt file, a data set's meta.json, a checkpoint."""
+    from conftest import SUB
+    from test_errors import assert_one_error_line
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    (tmp_path / "child.py").write_text('base = "fifo.py"\nmax_iters = 2\n')
+    fifo_data = tmp_path / "fifo_data"
+    shutil.copytree(data, fifo_data)
+    os.remove(fifo_data / "shakespeare" / "meta.json")
+    os.mkfifo(fifo_data / "shakespeare" / "meta.json")
+    fifo_run = tmp_path / "fifo_run"
+    fifo_run.mkdir()
+    os.mkfifo(fifo_run / "ckpt.pt")
+    for script, args in [("train.py", [fifo, "--data_dir", data, "--out_dir", tmp_path / "a", *TINY]),
+                         ("train.py", [tmp_path / "child.py", "--data_dir", data, "--out_dir", tmp_path / "b", *TINY]),
+                         ("sample.py", ["--out_dir", run, f"--start=FILE:{fifo}", "--device=cpu"]),
+                         ("train.py", ["--data_dir", fifo_data, "--out_dir", tmp_path / "c", *TINY]),
+                         ("sample.py", ["--out_dir", fifo_run, "--device=cpu"])]:
+        code, _, err = run_script(script, args, None, mode=SUB)
+        assert_one_error_line(code, err, "is not a regular file")
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_presets_are_read_within_limits_and_name_where_a_value_was_set(data, tmp_path, capsys):
+    from test_errors import assert_one_error_line
+    cases = {"huge.py": "max_iters = 0x" + "f" * 5000 + "\n",  # parsed, but past any option's 64 bits
+             "big.py": "# " + "x" * 1_000_001 + "\n"}
+    for n in range(40):  # a chain of base presets longer than PRESET_DEPTH
+        cases[f"chain{n}.py"] = f'base = "chain{n + 1}.py"\n' if n < 39 else "max_iters = 2\n"
+    cases["base.py"] = "learning_rate = 5\nmax_iters = 2\nmin_lr = 1e-5\n"
+    cases["child.py"] = 'base = "base.py"\nmax_iters = 3\nweight_decay = -1\n'
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    expect = {"huge.py": "huge.py line 1: the value of max_iters holds an integer of 20,000 bits",
+              "big.py": "holds 1,000,004 bytes, more than the 1,000,000",
+              "chain0.py": "base presets is more than 16 files long",
+              "child.py": "--weight_decay must be 0 or more, not -1 (set in " + str(tmp_path / "child.py") + " line 3)"}
+    for name, fragment in expect.items():
+        code, _, err = run_script("train.py", [tmp_path / name, "--data_dir", data, "--out_dir", tmp_path / "run",
+                                               *TINY], capsys)
+        assert_one_error_line(code, err, fragment)
+    # a bad value set in a base is named where the base set it, not in the child that layers on it
+    (tmp_path / "base.py").write_text("learning_rate = 5\nmax_iters = -2\n")
+    (tmp_path / "child.py").write_text('base = "base.py"\nweight_decay = 0.1\n')
+    code, _, err = run_script("train.py", [tmp_path / "child.py", "--data_dir", data, "--out_dir", tmp_path / "run",
+                                           *TINY], capsys)
+    assert_one_error_line(code, err, f"--max_iters must be 0 or more, not -2 (set in {tmp_path / 'base.py'} line 2)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_merge_part_or_summary_file_changes_nothing(tmp_path, capsys):
+    """tools/kernels.py --merge builds the whole file and checks it before it replaces --json; gpu_tables.py
+    --summary reads each file against its schema, and reads a folder that it cannot write."""
+    from test_errors import assert_one_error_line
+    saved = json.load(open(os.path.join(ROOT, "results", "kernels_compiled.json")))
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    out = tmp_path / "kernels.json"
+    out.write_text("the file the merge would replace\n")
+    for broken in ({}, {"train": "208", "decode": 56}):
+        (parts / "vanilla.json").write_text(json.dumps({"shape": saved["shape"], "models": {"vanilla": broken}}))
+        code, _, err = run_script("tools/kernels.py", ["--compiled", "--size=small", "--runs=vanilla", "--json", out,
+                                                       "--merge", parts], capsys)
+        assert_one_error_line(code, err, str(parts / "vanilla.json"))
+        assert out.read_text() == "the file the merge would replace\n"
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    text = open(os.path.join(ROOT, "results", "h100", "decode.json")).read()
+    (gpu / "decode.json").write_text(text[:len(text) // 2])  # cut short
+    code, _, err = run_script("tools/gpu_tables.py", ["--summary", "--out", gpu, "--update_readme=false"], capsys)
+    assert_one_error_line(code, err, "decode.json is not readable JSON")
+    (gpu / "decode.json").write_text(json.dumps({"results": [{"label": "vanilla"}]}))  # another tool's file
+    code, _, err = run_script("tools/gpu_tables.py", ["--summary", "--out", gpu, "--update_readme=false"], capsys)
+    assert_one_error_line(code, err, "decode.json: its field")
+    shutil.copy(os.path.join(ROOT, "results", "h100", "decode.json"), gpu / "decode.json")
+    os.chmod(gpu, 0o555)  # read-only (root writes anyway, but nothing is written: the summary only reads it)
+    try:
+        code, out_text, err = run_script("tools/gpu_tables.py", ["--summary", "--out", gpu, "--update_readme=false"],
+                                         capsys)
+    finally:
+        os.chmod(gpu, 0o755)
+    assert code == 0 and "| vanilla |" in out_text, err
+
+
+def test_prepare_makes_one_set_at_a_time_and_train_names_a_set_left_aside(tmp_path, monkeypatch, capsys):
+    """Two prepare.py runs that make the same new set at once: the one that comes second says so in one line and
+    the first one's set is kept whole; a set that a killed run left renamed aside (.NAME.old-PID, where the system
+    has no atomic exchange) is named by train.py with the command that puts it back."""
+    import prepare
+    from plumbing.errors import ConfigError
+    (tmp_path / "notes.txt").write_text("A corpus for two runs at once. " * 400)
+    out = tmp_path / "data"
+    argv = ["--files", str(tmp_path / "notes.txt"), "--out_dir", str(out), "--num_proc=1"]
+    rename = os.rename
+
+    def meanwhile(a, b):  # after this run found no set there, before its rename: another process makes the set
+        subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), *argv], check=True, capture_output=True)
+        monkeypatch.setattr(os, "rename", rename)
+        return rename(a, b)
+    monkeypatch.setattr(os, "rename", meanwhile)
+    with pytest.raises(ConfigError, match="another prepare.py run made .* while this one ran, and it is kept"):
+        prepare.main(argv)
+    assert sorted(os.listdir(out)) == ["notes"] and sorted(os.listdir(out / "notes")) == [
+        "meta.json", "train.bin", "val.bin"]
+    aside = out / f".notes.old-{os.getpid() + 1}"
+    os.rename(out / "notes", aside)  # as a run killed between its two renames leaves it
+    code, _, err = run_script("train.py", ["--data_dir", out, "--dataset", "notes", "--out_dir", tmp_path / "run",
+                                           *TINY], capsys)
+    assert code == 1 and f"put it back with `mv {aside} {out / 'notes'}`" in err and "Traceback" not in err, err
