@@ -26,8 +26,8 @@ from plumbing.files import split_tokens
 
 def before_run(cfg, model_args, module, explicit, meta, proc):
     """Every check of the options, the run folder, the checkpoint to resume and the data, before anything is
-    written: (the checkpoint to resume or None, the model options, the checkpoint's for a resumed run). A resumed
-    run keeps its global batch (proc.accum may change)."""
+    written. Returns (the checkpoint to resume, or None for a new run; the model options, a resumed run's those of
+    its checkpoint). A resumed run keeps its global batch (proc.accum may change) and counts its tokens on."""
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
