@@ -331,8 +331,8 @@ class Log:
         tok_s = self.tokens / self.seconds
         self.seconds, self.tokens = 0.0, 0
         self.start_clock()
-        return {"iter": step, "tokens": self.tokens_seen, "loss": loss, "lr": lr, "tok_per_s": tok_s,
-                **({"mfu": self.flops * tok_s / self.peak} if self.peak else {})}
+        return {"iter": step, "loss": loss, "lr": lr, "tok_per_s": tok_s,
+                **({"mfu": self.flops * tok_s / self.peak} if self.peak else {}), "tokens": self.tokens_seen}
 
     def write(self, record, show=False):
         if not self.master:
@@ -436,7 +436,7 @@ def main(argv):
                                    proc.dtype)
                 best_val = min(best_val, val_loss)
                 stats = model_stats(raw_model, data, cfg, T, proc)  # collective under DDP
-                log.write({"iter": iter_num, "tokens": log.tokens_seen, "val_loss": val_loss, **stats}, show=True)
+                log.write({"iter": iter_num, "val_loss": val_loss, "tokens": log.tokens_seen, **stats}, show=True)
                 save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc)
                 saved_step = iter_num
             if iter_num >= cfg.max_iters:
