@@ -142,5 +142,5 @@ def sample_next(logits, temperature, top_k, top_p):
 
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("generate.py is a library module: the generation loop of sample.py, bench.py and hf_model.py; to "
-             "generate text, run `python sample.py --help`")
+    sys.exit("generate.py is a library module: the generation loop of sample.py, tools/bench.py and "
+             "hf/hf_model.py; to generate text, run `python sample.py --help`")

@@ -119,7 +119,8 @@ class Data:
     def train_batches(self, cfg, proc, T, step):
         """This process's training batches from optimiser step `step` on, one per micro-step, in order."""
         while True:
-            offsets = train_offsets(len(self.splits["train"]), T, cfg.seed, step, proc.world * proc.accum * cfg.batch_size)
+            n_windows = proc.world * proc.accum * cfg.batch_size  # every window of this optimiser step
+            offsets = train_offsets(len(self.splits["train"]), T, cfg.seed, step, n_windows)
             for micro in range(proc.accum):
                 first = (proc.rank * proc.accum + micro) * cfg.batch_size
                 yield self.batch("train", offsets[first:first + cfg.batch_size], T, proc.device)
@@ -245,7 +246,8 @@ def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, ba
 def val_offsets(data, cfg, T, proc):
     """This rank's share of the fixed validation windows (eval_iters * batch_size of them, the same every call)."""
     n_val = len(data.splits["val"])
-    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)  # the same windows at every evaluation
+    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=g)
     return offsets[proc.rank::proc.world]
 
 

@@ -37,11 +37,11 @@ def checkpoint_path(out_dir):
 
 def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False):
     """The dict train.py saved at path, holding at least `keys`; ConfigError for a missing, truncated, empty or
-    foreign file (a bare state_dict), so that train --resume, sample.py, eval.py, export.py, bench.py and sweep.py
-    all say it in one line. The one reader of checkpoints: torch.load(weights_only=True) unpickles tensors and
-    plain containers only (what train.py saves, in every version), so that a checkpoint someone hands you cannot
-    run code; one that holds anything else is refused, naming it. mmap: the tensors stay in the file (a reader of
-    a few numbers does not read the weights)."""
+    foreign file (a bare state_dict), so that train --resume, sample.py, eval.py, hf/export.py, tools/bench.py and
+    tools/sweep.py all say it in one line. The one reader of checkpoints: torch.load(weights_only=True) unpickles
+    tensors and plain containers only (what train.py saves, in every version), so that a checkpoint someone hands
+    you cannot run code; one that holds anything else is refused, naming it. mmap: the tensors stay in the file (a
+    reader of a few numbers does not read the weights)."""
     if os.path.isdir(path):
         raise ConfigError(f"the checkpoint {path} is a folder, not a file; move it away, or pass the run folder "
                           "that holds train.py's ckpt.pt")
