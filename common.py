@@ -18,6 +18,7 @@ import torch
 
 from plumbing.checkpoints import checkpoint_path, read_checkpoint
 from plumbing.errors import ConfigError
+from plumbing.files import split_tokens
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -120,8 +121,9 @@ def peak_flops(device, given):
 # data: data/<dataset>/{train,val}.bin + meta.json from prepare.py (read and checked by plumbing/files.py)
 
 def open_split(data_dir, dataset, split, meta):
-    """split.bin as a read-only memmap of meta's dtype (eval.py and the pre-run checks; train.py's Data keeps its
-    own pair open for the whole run)."""
+    """split.bin as a read-only memmap of meta's dtype, once split_tokens() has found it a whole regular file that
+    matches meta.json (opening a FIFO would wait for a writer). Every reader of a split opens it here."""
+    split_tokens(data_dir, dataset, split, meta)
     return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
 
 

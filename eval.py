@@ -43,7 +43,7 @@ from common import (DTYPES, autocast, build_model, describe_run, load_model_modu
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import has_nonfinite, parse_json, read_meta, read_text, split_tokens, to_json
+from plumbing.files import has_nonfinite, parse_json, read_meta, read_text, to_json
 from plumbing.options import check_output, parse_simple
 from plumbing.schemas import LOG_RECORD, Mismatch, check
 from prepare import get_tokenizer
@@ -666,7 +666,6 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
         if meta["tokenizer"] != ckpt["meta"]["tokenizer"]:
             raise ConfigError(f"data set {dataset} uses the {meta['tokenizer']} tokenizer but the model was trained "
                               f"with {ckpt['meta']['tokenizer']}; choose a data set prepared with that tokenizer")
-        split_tokens(data_dir, dataset, args.split, meta)  # the file is there, whole, and matches meta.json
         data = open_split(data_dir, dataset, args.split, meta)
         if args.tokens:
             data = data[:args.tokens + 1]

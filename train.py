@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, autocast, build_model, model_names, peak_flops, resolve_device, resolve_dtype,
-                    synchronize)
+from common import (DTYPES, SIZES, autocast, build_model, model_names, open_split, peak_flops, resolve_device,
+                    resolve_dtype, synchronize)
 from hf import convert
 from plumbing import checks
 from plumbing.config import option
@@ -103,8 +103,7 @@ class Data:
     which the OS takes back when it needs them), and the batches read from them."""
 
     def __init__(self, cfg, meta):
-        self.splits = {s: np.memmap(os.path.join(cfg.data_dir, cfg.dataset, f"{s}.bin"), dtype=np.dtype(meta["dtype"]),
-                                    mode="r") for s in ("train", "val")}
+        self.splits = {s: open_split(cfg.data_dir, cfg.dataset, s, meta) for s in ("train", "val")}
 
     def batch(self, split, offsets, T, device):
         """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens that start at offsets, as inputs and

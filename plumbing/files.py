@@ -149,8 +149,9 @@ def read_meta(data_dir, dataset):
 def split_tokens(data_dir, dataset, split, meta):
     """The number of tokens in split.bin, after checking that the file is whole and matches meta.json."""
     path = os.path.join(data_dir, dataset, f"{split}.bin")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ConfigError(f"no {path}; {REDO}")
+    regular_file(path, f"the {split} split", REDO)  # not a folder, a FIFO, a socket or a device
     size, itemsize = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
     if size % itemsize:
         raise ConfigError(f"{path} holds {size} bytes, not a whole number of {meta['dtype']} tokens: it is cut "

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -201,29 +202,73 @@ def test_every_field_of_a_results_file(kind, data, tmp_path, capsys):
 
 # ---- the edges a hostile user found: each one line, nothing changed ----------------------------------------------
 
-def test_a_fifo_is_refused_before_it_is_opened(run, data, tmp_path):
+def special_files(root, run, data):
+    """(what, script, arguments) for every kind of file the scripts read, each given as a FIFO under root."""
+    def fifo(*parts):
+        path = root.joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        os.mkfifo(path)
+        return path
+
+    def data_with(name):  # a copy of the data set with one of its files a FIFO
+        copy = root / f"data_{name.split('.')[0]}"
+        shutil.copytree(data, copy)
+        fifo(copy.name, "shakespeare", name)
+        return copy
+
+    def run_with(name):  # a copy of the run with one of its files a FIFO
+        copy = root / f"run_{name.split('.')[0]}"
+        shutil.copytree(run, copy)
+        fifo(copy.name, name)
+        return copy
+
+    (root / "child.py").write_text('base = "preset.py"\nmax_iters = 2\n')
+    fifo("preset.py")
+    new = ["--out_dir", root / "new", *TINY]
+    return [("a preset", "train.py", [root / "preset.py", "--data_dir", data, *new]),
+            ("a preset's base", "train.py", [root / "child.py", "--data_dir", data, *new]),
+            ("meta.json", "train.py", ["--data_dir", data_with("meta.json"), *new]),
+            ("train.bin", "train.py", ["--data_dir", data_with("train.bin"), *new]),
+            ("val.bin", "eval.py", ["--out_dir", run, "--data_dir", data_with("val.bin"), "--device=cpu"]),
+            ("val.bin", "tools/bench.py", ["--checkpoint", run, "--data_dir", root / "data_val", "--device=cpu"]),
+            ("ckpt.pt", "sample.py", ["--out_dir", run_with("ckpt.pt"), "--device=cpu"]),
+            ("ckpt.pt", "eval.py", ["--out_dir", root / "run_ckpt", "--device=cpu"]),
+            ("ckpt.pt", "hf/export.py", ["--out_dir", root / "run_ckpt", "--to", root / "new"]),
+            ("ckpt.pt", "train.py", ["--resume", "--data_dir", data, "--out_dir", root / "run_ckpt", *TINY]),
+            ("log.jsonl", "train.py", ["--resume", "--data_dir", data, "--out_dir", run_with("log.jsonl"), *TINY]),
+            ("--start FILE:", "sample.py", ["--out_dir", run, f"--start=FILE:{fifo('prompt.txt')}", "--device=cpu"]),
+            ("--mc", "eval.py", ["--out_dir", run, "--mc", fifo("mc.jsonl"), "--device=cpu"]),
+            ("--lm_eval", "eval.py", ["--out_dir", run, "--lm_eval", fifo("task.yaml"), "--device=cpu"]),
+            ("--files", "prepare.py", ["--files", fifo("text.txt"), "--out_dir", root / "new"]),
+            ("--merge", "tools/kernels.py", ["--merge", fifo("parts", "vanilla.json").parent, "--runs", "vanilla",
+                                             "--json", root / "new.json"]),
+            ("--reuse", "tools/sweep.py", ["--reuse", fifo("results.json"), "--table_only", "--results", root / "new",
+                                           "--data_dir", data]),
+            ("--baseline", "tools/bench.py", ["--decode", "--baseline", fifo("checkout", "model_vanilla.py").parent,
+                                              "--runs", "vanilla", "--n_layer=1", "--device=cpu"])]
+
+
+def test_a_fifo_is_refused_before_it_is_opened(run, data, tmp_path, capsys):
     """A FIFO (or a socket or a device) as any input is refused without opening it, which would wait for a writer
-    forever: a preset, a preset's base, sample.py's prompt file, a data set's meta.json, a checkpoint."""
-    from conftest import SUB
+    forever: every kind of file a script reads, each in turn a FIFO. Each script runs here under an alarm, so that
+    one which waits fails the test instead of holding up the suite."""
     from test_errors import assert_one_error_line
-    fifo = tmp_path / "fifo.py"
-    os.mkfifo(fifo)
-    (tmp_path / "child.py").write_text('base = "fifo.py"\nmax_iters = 2\n')
-    fifo_data = tmp_path / "fifo_data"
-    shutil.copytree(data, fifo_data)
-    os.remove(fifo_data / "shakespeare" / "meta.json")
-    os.mkfifo(fifo_data / "shakespeare" / "meta.json")
-    fifo_run = tmp_path / "fifo_run"
-    fifo_run.mkdir()
-    os.mkfifo(fifo_run / "ckpt.pt")
-    for script, args in [("train.py", [fifo, "--data_dir", data, "--out_dir", tmp_path / "a", *TINY]),
-                         ("train.py", [tmp_path / "child.py", "--data_dir", data, "--out_dir", tmp_path / "b", *TINY]),
-                         ("sample.py", ["--out_dir", run, f"--start=FILE:{fifo}", "--device=cpu"]),
-                         ("train.py", ["--data_dir", fifo_data, "--out_dir", tmp_path / "c", *TINY]),
-                         ("sample.py", ["--out_dir", fifo_run, "--device=cpu"])]:
-        code, _, err = run_script(script, args, None, mode=SUB)
-        assert_one_error_line(code, err, "is not a regular file")
-    assert not any((tmp_path / d).exists() for d in "abc")
+
+    def waited(*_):
+        raise AssertionError("the script waited on a FIFO: it opened it")
+    previous = signal.signal(signal.SIGALRM, waited)
+    try:
+        for what, script, args in special_files(tmp_path, run, data):
+            signal.alarm(60)
+            code, _, err = run_script(script, args, capsys)
+            signal.alarm(0)
+            assert_one_error_line(code, err, "is not a regular file" if what != "log.jsonl" else "is not a file")
+            assert not any(p.name.startswith("new") for p in tmp_path.iterdir()), (what, script)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_presets_are_read_within_limits_and_name_where_a_value_was_set(data, tmp_path, capsys):

@@ -29,13 +29,13 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.bench`")
 
-from common import (DTYPES, SIZES, autocast, load_model_module, model_from_checkpoint, peak_flops, resolve_device,
-                    resolve_dtype, synchronize)
+from common import (DTYPES, SIZES, autocast, load_model_module, model_from_checkpoint, open_split, peak_flops,
+                    resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
 from plumbing.checkpoints import checkpoint_path
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import read_json, write_json
+from plumbing.files import read_json, regular_file, write_json
 from plumbing.options import parse_simple
 from plumbing.schemas import BENCH, BENCH_DECODE, checked
 from tools.tables import command_line, hardware_name, update_readme
@@ -220,7 +220,7 @@ def checkpoint_generation(args, device, ctx):
     model, _, ckpt = model_from_checkpoint(args.checkpoint, device)
     model.eval()
     meta = ckpt["meta"]
-    val = np.memmap(os.path.join(args.data_dir, meta["dataset"], "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+    val = open_split(args.data_dir, meta["dataset"], "val", meta)
     prompt = torch.from_numpy(val[:16].astype(np.int64))[None].to(device)  # (1, 16)
     if args.close_gates >= 0:
         close_gates(model, args.close_gates)
@@ -437,9 +437,8 @@ class Decoding:
 def load_baseline(folder, name, model, config_args):
     """The same model (same weights) built from folder/model_<name>.py, another checkout's copy of the file."""
     path = os.path.join(folder, f"model_{name}.py")
+    regular_file(path, f"--baseline's model_{name}.py", "pass the root of another checkout")
     spec = importlib.util.spec_from_file_location(f"baseline_model_{name}", path)
-    if spec is None or not os.path.exists(path):
-        raise ConfigError(f"--baseline {folder}: no model_{name}.py there; pass the root of another checkout")
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # generate.py finds its KVCache there
     spec.loader.exec_module(module)
     base = module.GPT(module.GPTConfig(**config_args)).to(model.lm_head.weight.device).eval()

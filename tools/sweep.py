@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
 from tools.bench import RUNS
-from common import DTYPES, load_model_module, model_from_checkpoint, SIZES
+from common import DTYPES, load_model_module, model_from_checkpoint, open_split, SIZES
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
 from plumbing.errors import ConfigError, Interrupted, main_boundary
@@ -395,7 +395,7 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     model, _, ckpt = model_from_checkpoint(out_dir, device)
     model.eval()
     T = model.config.block_size
-    val = np.memmap(os.path.join(args.data_dir, args.dataset, "val.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+    val = open_split(args.data_dir, args.dataset, "val", meta)
     loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
     if not math.isfinite(loss[-1].item()):  # a table shows no NaN as a number: the run is refused, not recorded
         raise ConfigError(f"the run {out_dir} has a validation loss that is not finite ({loss[-1].item()}); "
