@@ -5,6 +5,7 @@ checkpoint of a tiny run (sample.py, eval.py, train.py --resume, hf/export.py), 
 eval.py), and the tools' results (tools/bench.py --decode --table_only, tools/gpu_tables.py --summary,
 tools/kernels.py --table_only and --merge, tools/sweep.py --table_only), generated from the files themselves, so
 that a field added to a file is tried the day it is written."""
+import importlib.util
 import json
 import math
 import os
@@ -227,27 +228,29 @@ def special_files(root, run, data):
     (root / "child.py").write_text('base = "preset.py"\nmax_iters = 2\n')
     fifo("preset.py")
     new = ["--out_dir", root / "new", *TINY]
-    return [("a preset", "train.py", [root / "preset.py", "--data_dir", data, *new]),
-            ("a preset's base", "train.py", [root / "child.py", "--data_dir", data, *new]),
-            ("meta.json", "train.py", ["--data_dir", data_with("meta.json"), *new]),
-            ("train.bin", "train.py", ["--data_dir", data_with("train.bin"), *new]),
-            ("val.bin", "eval.py", ["--out_dir", run, "--data_dir", data_with("val.bin"), "--device=cpu"]),
-            ("val.bin", "tools/bench.py", ["--checkpoint", run, "--data_dir", root / "data_val", "--device=cpu"]),
-            ("ckpt.pt", "sample.py", ["--out_dir", run_with("ckpt.pt"), "--device=cpu"]),
-            ("ckpt.pt", "eval.py", ["--out_dir", root / "run_ckpt", "--device=cpu"]),
-            ("ckpt.pt", "hf/export.py", ["--out_dir", root / "run_ckpt", "--to", root / "new"]),
-            ("ckpt.pt", "train.py", ["--resume", "--data_dir", data, "--out_dir", root / "run_ckpt", *TINY]),
-            ("log.jsonl", "train.py", ["--resume", "--data_dir", data, "--out_dir", run_with("log.jsonl"), *TINY]),
-            ("--start FILE:", "sample.py", ["--out_dir", run, f"--start=FILE:{fifo('prompt.txt')}", "--device=cpu"]),
-            ("--mc", "eval.py", ["--out_dir", run, "--mc", fifo("mc.jsonl"), "--device=cpu"]),
-            ("--lm_eval", "eval.py", ["--out_dir", run, "--lm_eval", fifo("task.yaml"), "--device=cpu"]),
-            ("--files", "prepare.py", ["--files", fifo("text.txt"), "--out_dir", root / "new"]),
-            ("--merge", "tools/kernels.py", ["--merge", fifo("parts", "vanilla.json").parent, "--runs", "vanilla",
-                                             "--json", root / "new.json"]),
-            ("--reuse", "tools/sweep.py", ["--reuse", fifo("results.json"), "--table_only", "--results", root / "new",
-                                           "--data_dir", data]),
-            ("--baseline", "tools/bench.py", ["--decode", "--baseline", fifo("checkout", "model_vanilla.py").parent,
-                                              "--runs", "vanilla", "--n_layer=1", "--device=cpu"])]
+    cases = [("a preset", "train.py", [root / "preset.py", "--data_dir", data, *new]),
+             ("a preset's base", "train.py", [root / "child.py", "--data_dir", data, *new]),
+             ("meta.json", "train.py", ["--data_dir", data_with("meta.json"), *new]),
+             ("train.bin", "train.py", ["--data_dir", data_with("train.bin"), *new]),
+             ("val.bin", "eval.py", ["--out_dir", run, "--data_dir", data_with("val.bin"), "--device=cpu"]),
+             ("val.bin", "tools/bench.py", ["--checkpoint", run, "--data_dir", root / "data_val", "--device=cpu"]),
+             ("ckpt.pt", "sample.py", ["--out_dir", run_with("ckpt.pt"), "--device=cpu"]),
+             ("ckpt.pt", "eval.py", ["--out_dir", root / "run_ckpt", "--device=cpu"]),
+             ("ckpt.pt", "hf/export.py", ["--out_dir", root / "run_ckpt", "--to", root / "new"]),
+             ("ckpt.pt", "train.py", ["--resume", "--data_dir", data, "--out_dir", root / "run_ckpt", *TINY]),
+             ("log.jsonl", "train.py", ["--resume", "--data_dir", data, "--out_dir", run_with("log.jsonl"), *TINY]),
+             ("--start FILE:", "sample.py", ["--out_dir", run, f"--start=FILE:{fifo('prompt.txt')}", "--device=cpu"]),
+             ("--mc", "eval.py", ["--out_dir", run, "--mc", fifo("mc.jsonl"), "--device=cpu"]),
+             ("--files", "prepare.py", ["--files", fifo("text.txt"), "--out_dir", root / "new"]),
+             ("--merge", "tools/kernels.py", ["--merge", fifo("parts", "vanilla.json").parent, "--runs", "vanilla",
+                                              "--json", root / "new.json"]),
+             ("--reuse", "tools/sweep.py", ["--reuse", fifo("results.json"), "--table_only", "--results", root / "new",
+                                            "--data_dir", data]),
+             ("--baseline", "tools/bench.py", ["--decode", "--baseline", fifo("checkout", "model_vanilla.py").parent,
+                                               "--runs", "vanilla", "--n_layer=1", "--device=cpu"])]
+    if importlib.util.find_spec("lm_eval"):  # without lm-eval installed, --lm_eval says that first
+        cases.append(("--lm_eval", "eval.py", ["--out_dir", run, "--lm_eval", fifo("task.yaml"), "--device=cpu"]))
+    return cases
 
 
 def test_a_fifo_is_refused_before_it_is_opened(run, data, tmp_path, capsys):
