@@ -21,7 +21,7 @@ from hf import convert
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import make_config
 from plumbing.errors import ConfigError, diverged
-from plumbing.files import split_tokens
+from plumbing.files import regular_file
 
 
 def before_run(cfg, model_args, module, explicit, meta, proc):
@@ -95,8 +95,8 @@ def read_run(cfg, model_args, module, explicit, meta):
     path, log = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ConfigError(f"--out_dir {cfg.out_dir} is a file, not a folder; choose another --out_dir")
-    if os.path.exists(log) and not os.path.isfile(log):
-        raise ConfigError(f"{log} is not a file; move it away")
+    if os.path.exists(log):  # a folder, a FIFO, a socket or a device there is refused before it is opened
+        regular_file(log, "the run's log", "move it away")
     if not cfg.resume:
         if os.path.exists(path):
             raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
@@ -170,13 +170,13 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
 def check_splits(data_dir, dataset, meta, block_size, vocab_size):
     """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
     for split in ("train", "val"):
-        n = split_tokens(data_dir, dataset, split, meta)
+        data = open_split(data_dir, dataset, split, meta)  # whole, and matching meta.json
+        n = len(data)
         if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
             fix = (f"lower --block_size to {n - 2} or less, or prepare more data" if n >= 3 else
                    "prepare more text (prepare.py --val_fraction sets the validation split's share)")
             raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
                               f"{block_size}; {fix}")
-        data = open_split(data_dir, dataset, split, meta)
         stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
         top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
         if top >= vocab_size:
