@@ -123,22 +123,29 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
 
 
 def sample_next(logits, temperature, top_k, top_p):
-    """One token per row of logits (B, vocab): greedy, or sampled after temperature, top-k and top-p."""
+    """One token per row of logits (B, vocab): greedy, or sampled from sampling_probs()."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    # a sample of probs without torch.multinomial's host synchronisation: argmax of p_i / E_i with E_i exponential
+    # (the index of the first of independent exponential clocks of rates p_i to ring)
+    return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1, keepdim=True)
+
+
+def sampling_probs(logits, temperature, top_k=None, top_p=None):
+    """The distribution a token is sampled from, per row of logits (B, vocab), in this order: softmax(logits /
+    temperature); then only the top_k most likely tokens (None or 0: all); then only the smallest set of the most
+    likely tokens whose probability reaches top_p (None or 1: all); renormalised after each cut."""
     logits = logits.float() / temperature
     if top_k is not None and top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)  # the mass of the likelier tokens
+        drop = before > top_p  # a token whose likelier tokens already reach top_p is not in the smallest set
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
-    # a sample of softmax(logits) without torch.multinomial's host synchronisation: argmax of p_i / E_i with E_i
-    # exponential (the index of the first of independent exponential clocks of rates p_i to ring)
-    probs = logits.softmax(-1)
-    return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1, keepdim=True)
+    return logits.softmax(-1)
 
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run

@@ -2,6 +2,7 @@ import glob
 import importlib
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import warnings
@@ -40,18 +41,22 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def run_script(script, args, capsys, mode=""):
+def run_script(script, args, capsys, mode="", cwd=None):
     """(exit code, stdout, stderr) of `python script args` (train.py), or of `python -m tools.bench args` for a script
-    in a folder (tools/bench.py): its real __main__ block run here, or with mode SUB in a subprocess."""
+    in a folder (tools/bench.py), from cwd (default: the repository): its real __main__ block run here, or with mode
+    SUB in a subprocess."""
     module = script[:-3].replace("/", ".") if "/" in script else None
     if mode == SUB:
         args = [a if isinstance(a, bytes) else str(a) for a in args]
         command = ["-m", module] if module else [os.path.join(ROOT, script)]
-        proc = subprocess.run([sys.executable, *command, *args], cwd=ROOT, capture_output=True, timeout=300)
+        proc = subprocess.run([sys.executable, *command, *args], cwd=cwd or ROOT, capture_output=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": ROOT})
         return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
     capsys.readouterr()
-    argv, sys.argv = sys.argv, [script, *map(str, args)]
+    argv, sys.argv, here = sys.argv, [script, *map(str, args)], os.getcwd()
     try:
+        if cwd:
+            os.chdir(cwd)
         with warnings.catch_warnings():  # runpy's note that the module is imported already (by a test): it runs anew
             warnings.simplefilter("ignore", RuntimeWarning)
             if module:
@@ -63,10 +68,30 @@ def run_script(script, args, capsys, mode=""):
         code = e.code
     finally:
         sys.argv = argv
+        os.chdir(here)
     captured = capsys.readouterr()
     if isinstance(code, str):  # sys.exit(message): Python prints it and exits with 1
         return 1, captured.out, captured.err + code + "\n"
     return code, captured.out, captured.err
+
+
+@pytest.fixture
+def script(capsys):
+    """script(name, *args): (exit code, stdout, stderr) of a script's real entry point run in this process
+    (run_script), for the tests whose subject is what the script does; a process of its own costs about 2 s of
+    imports, and stays for what only a process shows (signals, torchrun, a terminal, a memory limit)."""
+    return lambda name, *args: run_script(name, args, capsys)
+
+
+def run_printed(command, cwd, capsys, mode=""):
+    """(exit code, stdout and stderr together) of a command as a script prints it in a hint (`python X.py ...` runs
+    this repository's X.py, `python -m tools.X ...` its module), run from cwd: in this process (run_script), or with
+    mode SUB in a subprocess."""
+    words = shlex.split(command)
+    assert words[0] == "python" and (words[1].endswith(".py") or words[1] == "-m"), command
+    script, args = (words[2].replace(".", "/") + ".py", words[3:]) if words[1] == "-m" else (words[1], words[2:])
+    code, out, err = run_script(script, args, capsys, mode, cwd)
+    return code, out + err
 
 
 @pytest.fixture(scope="session")
@@ -76,19 +101,3 @@ def data_dir(tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--out_dir", str(out)],
                    cwd=ROOT, check=True, capture_output=True)
     return str(out)
-
-
-def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", help="also run the long checks marked slow (README: Tests)")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a long check, run only with --slow")
-    config.addinivalue_line("markers", "extras: needs requirements-eval.txt (lm-eval, transformers); skips without")
-
-
-def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--slow"):
-        for item in items:
-            if "slow" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason="a long check: python -m pytest --slow runs it"))

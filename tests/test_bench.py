@@ -89,6 +89,7 @@ def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
         bench.main([f"--checkpoint={tmp_path / 'v'}", f"--data_dir={data_dir}", "--device=cpu"])
 
 
+@pytest.mark.slow  # compiles the decode step of three cases
 def test_bench_decode_table(tmp_path):
     """--decode: every case timed, eager and compiled, with consistent derived numbers; the JSON and the README
     copy written; a --baseline checkout's eager generate() of the same weights timed beside (here this one). With
@@ -164,6 +165,7 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidd
         "--block_size=16", "--batch_size=2"]
 
 
+@pytest.mark.slow  # inductor compiles the training step twice
 def test_kernels_compiled_counts_are_deterministic(tmp_path):
     """--compiled: inductor's generated kernels, with its caches off, are the same count on a second compile (a
     cached graph would count 0); fullgraph=True: a graph break would fail here. One layer: compiling is what takes
@@ -202,7 +204,7 @@ def test_kernels_table_only_renders_a_saved_file_as_counted(tmp_path):
             kernels.main(argv)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # inductor compiles two training steps
 def test_kernels_compiled_counts_see_the_method():
     """A method's own work shows in the compiled count: attnres-full mixes every sublayer's output, more kernels
     than vanilla's residual adds."""
@@ -330,6 +332,7 @@ def test_gpu_tables_counts_a_label_a_process_and_merges_them_into_one_run_s_file
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| vanilla", "| vertical", "| attnres"]
 
 
+@pytest.mark.slow  # compiles in two new processes
 def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp_path):
     """bench.py --warm_only compiles and writes nothing else; the same command in a new process then finds every
     compiled graph in inductor's cache on disk (what gpu_tables.py's first phase relies on)."""

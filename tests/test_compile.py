@@ -7,6 +7,8 @@ import torch
 
 from conftest import model_cases
 
+pytestmark = pytest.mark.slow  # dynamo traces every model and variant: about 15 s
+
 TINY = dict(vocab_size=64, block_size=16, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
 CASES = model_cases()
 IDS = [f"{name}-{variant}" for name, variant, _ in CASES]

@@ -151,7 +151,9 @@ def test_resumed_run_equals_uninterrupted(name, data_dir, tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.versions
+@pytest.mark.parametrize("name", [n if n == "vanilla" else pytest.param(n, marks=pytest.mark.slow)  # torchrun, 6 s each
+                                  for n in model_names()])
 def test_ddp_two_processes_equals_accumulation(name, data_dir, tmp_path):
     """Version-sensitive: CI runs it under each torch version of tests/test_versions.py. Real torchrun, two
     processes on gloo (torch 2.5's has no ReduceOp.AVG: train.py sums the step loss and divides), equal to one

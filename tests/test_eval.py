@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+import train
 from conftest import ROOT, model_names
-from test_scripts import TINY, one_line_error, run
+from test_scripts import TINY, one_line_error
 
 evalpy = importlib.import_module("eval")
 HAS_VERTICAL = os.path.exists(os.path.join(ROOT, "model_vertical.py"))
@@ -26,8 +27,7 @@ def runs(data_dir, tmp_path_factory):
     out = {}
     for name in ["vanilla"] + (["vertical"] if HAS_VERTICAL else []):
         out[name] = str(root / name)
-        code, _, err = run("train.py", "--model", name, "--data_dir", data_dir, "--out_dir", out[name], *FAST, *TINY)
-        assert code == 0, err
+        train.main(["--model", name, "--data_dir", data_dir, "--out_dir", out[name], *FAST, *TINY])
     return out
 
 
@@ -37,9 +37,9 @@ def needs_vertical(runs):
     return runs["vertical"]
 
 
-def test_depth_map_rows_sum_to_one(runs):
+def test_depth_map_rows_sum_to_one(runs, script):
     out_dir = needs_vertical(runs)
-    code, out, err = run("eval.py", "--out_dir", out_dir, "--depth_map", "--loss=false", "--json")
+    code, out, err = script("eval.py", "--out_dir", out_dir, "--depth_map", "--loss=false", "--json")
     assert code == 0, err
     m = torch.tensor(json.loads(out)["depth_map"])
     assert m.shape == (2, 2) and torch.isfinite(m).all()
@@ -47,8 +47,8 @@ def test_depth_map_rows_sum_to_one(runs):
     assert m[0, 1] == 0  # layer 1 has one source
 
 
-def test_depth_map_of_a_model_without_one(runs):
-    one_line_error(run("eval.py", "--out_dir", runs["vanilla"], "--depth_map"), "model_vanilla.py", "depth_map()")
+def test_depth_map_of_a_model_without_one(runs, script):
+    one_line_error(script("eval.py", "--out_dir", runs["vanilla"], "--depth_map"), "model_vanilla.py", "depth_map()")
 
 
 @pytest.mark.parametrize("name", [n for n in model_names() if n != "vanilla"])
@@ -75,10 +75,10 @@ def test_depth_map_table_of_every_model_file(name):
         assert np.allclose(np.sum(printed, axis=1), 1, atol=0.02)
 
 
-def test_logit_lens_of_two_checkpoints(runs, tmp_path):
+def test_logit_lens_of_two_checkpoints(runs, tmp_path, script):
     dirs = list(runs.values()) if len(runs) > 1 else [runs["vanilla"], runs["vanilla"]]
     png = tmp_path / "lens.png"
-    code, out, err = run("eval.py", "--out_dir", *dirs, "--logit_lens", "--tokens=200", "--json", "--plot_path", png)
+    code, out, err = script("eval.py", "--out_dir", *dirs, "--logit_lens", "--tokens=200", "--json", "--plot_path", png)
     assert code == 0, err
     results = [json.loads(line) for line in out.splitlines()]
     assert [r["out_dir"] for r in results] == dirs
@@ -127,9 +127,9 @@ def shakespeare_mc(path):
             f.write(json.dumps({"context": context, "choices": choices, "label": i % 4}) + "\n")
 
 
-def test_mc_picks_the_likely_continuation(runs, tmp_path):
+def test_mc_picks_the_likely_continuation(runs, tmp_path, script):
     shakespeare_mc(tmp_path / "mc.jsonl")  # 4 shots make the prompt longer than block_size 32: cropped
-    code, out, err = run("eval.py", "--out_dir", runs["vanilla"], "--loss=false", "--mc", tmp_path / "mc.jsonl",
+    code, out, err = script("eval.py", "--out_dir", runs["vanilla"], "--loss=false", "--mc", tmp_path / "mc.jsonl",
                          "--json")
     assert code == 0, err
     mc = json.loads(out)["mc"]
@@ -137,14 +137,14 @@ def test_mc_picks_the_likely_continuation(runs, tmp_path):
     assert mc["acc"] == 1.0 and mc["acc_norm"] == 1.0
 
 
-def test_mc_bad_file(runs, tmp_path):
+def test_mc_bad_file(runs, tmp_path, script):
     (tmp_path / "bad.jsonl").write_text('{"context": "a", "choices": ["b", "c"], "label": 0}\n{"ctx": "a"}\n')
-    one_line_error(run("eval.py", "--out_dir", runs["vanilla"], "--mc", tmp_path / "bad.jsonl"), "line 2")
+    one_line_error(script("eval.py", "--out_dir", runs["vanilla"], "--mc", tmp_path / "bad.jsonl"), "line 2")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is not None, reason="lm_eval is installed")
-def test_lm_eval_missing(runs):
-    one_line_error(run("eval.py", "--out_dir", runs["vanilla"], "--lm_eval", "hellaswag"), "pip install lm-eval")
+def test_lm_eval_missing(runs, script):
+    one_line_error(script("eval.py", "--out_dir", runs["vanilla"], "--lm_eval", "hellaswag"), "pip install lm-eval")
 
 
 def test_rolling_windows_score_every_token_once():

@@ -4,15 +4,14 @@ import importlib
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import ROOT, model_names
-from test_scripts import TINY, one_line_error, run
+from test_scripts import TINY, one_line_error
+import train
 from train import ConfigError
 
 evalpy = importlib.import_module("eval")
@@ -115,14 +114,9 @@ def runs(data_dir, tmp_path_factory):
     """Two tiny runs: vanilla, and vertical with --va_lr 0, whose map stays at its start."""
     root = tmp_path_factory.mktemp("figure_runs")
     out = {"vanilla": str(root / "vanilla"), "vertical": str(root / "vertical")}
-    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--model", name, "--data_dir",
-                               data_dir, "--out_dir", out[name], "--max_iters=20", "--eval_interval=10",
-                               "--log_interval=5", *extra, *TINY], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for name, extra in (("vanilla", []), ("vertical", ["--va_lr=0"]))]  # side by side: 2 cores
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
+    for name, extra in (("vanilla", []), ("vertical", ["--va_lr=0"])):
+        train.main(["--model", name, "--data_dir", data_dir, "--out_dir", out[name], "--max_iters=20",
+                    "--eval_interval=10", "--log_interval=5", *extra, *TINY])
     return out
 
 
@@ -172,8 +166,8 @@ def test_curves_default_path_and_steps_without_a_checkpoint(plt, tmp_path, capsy
     assert "logs_only: 10 steps" in capsys.readouterr().out and not (run_dir / "curves.png").exists()
 
 
-def test_curves_errors(tmp_path):
-    one_line_error(run("eval.py", "--curves", tmp_path / "nowhere"), "--curves", "no run folder", "nowhere")
+def test_curves_errors(tmp_path, script):
+    one_line_error(script("eval.py", "--curves", tmp_path / "nowhere"), "--curves", "no run folder", "nowhere")
     with pytest.raises(ConfigError, match="has no log.jsonl"):
         evalpy.main(["--curves", str(tmp_path)])
     (tmp_path / "log.jsonl").write_text('{"iter": 0, "val_loss": 5.5}\nnot json\n{"iter": 1, "loss": 5.0}\n')

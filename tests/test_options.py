@@ -60,6 +60,8 @@ def cases():
 
 
 CASES = cases()
+# where lm-eval is installed, each probe of --lm_eval indexes its 15,000 task files (about 7 s): the slow tier's
+SLOW = {("eval.py", "lm_eval")}
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +75,9 @@ def world(data_dir, tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("script,name,kind,base", CASES, ids=[f"{c[0][:-3]}-{c[1]}" + (f"-{c[3][0][8:]}" if
-                                                                                     c[3][0].startswith("--model=")
-                                                                                     else "") for c in CASES])
+@pytest.mark.parametrize("script,name,kind,base", [
+    pytest.param(*c, marks=pytest.mark.slow) if c[:2] in SLOW else c for c in CASES],
+    ids=[f"{c[0][:-3]}-{c[1]}" + (f"-{c[3][0][8:]}" if c[3][0].startswith("--model=") else "") for c in CASES])
 def test_every_option_takes_any_value_safely(script, name, kind, base, world, tmp_path, monkeypatch, capsys):
     places = {"data": world / "data", "run": world / "run", "text": world / "text.txt"}
     base = [a.format(**places) for a in base]

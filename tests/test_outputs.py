@@ -5,12 +5,10 @@ longer fails for the reason that printed it."""
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import SUB, run_printed, run_script
 from test_errors import assert_one_error_line
 
 # script -> its options that name something it writes: (option, "file" or "folder"); the arguments it needs besides
@@ -50,10 +48,7 @@ def test_a_bad_output_path_is_one_line_before_any_work(script, option, kind, way
     path = dict(bad_paths(tmp_path, kind))[way]
     extra = ["--out_dir", str(tmp_path / "run")] if script == "hf/export.py" else []
     before = sorted(os.listdir(tmp_path))
-    if "\0" in path:  # a command line cannot hold a NUL byte: run in this process
-        code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)
-    else:
-        code, _, err = run_script(script, [*extra, f"--{option}", path], capsys, "subprocess")
+    code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)  # its one error boundary, in-process
     assert_one_error_line(code, err, f"--{option}")
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, nothing started
 
@@ -67,16 +62,11 @@ def hint(err):
     return found[0]
 
 
-def run(command, cwd, timeout=300, env=None):
-    """The command as printed (`python X.py ...` runs this repository's X.py, `python -m tools.X ...` its module),
-    in cwd."""
-    words = shlex.split(command)
-    assert words[0] == "python" and (words[1].endswith(".py") or words[1] == "-m"), command
-    script = words[1:3] if words[1] == "-m" else [os.path.join(ROOT, words[1])]
-    proc = subprocess.run([sys.executable, *script, *words[len(script) + 1:]], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
-    return proc.returncode, proc.stdout + proc.stderr
-
+@pytest.fixture
+def run(capsys):
+    """run(command, cwd): the command as printed, run in this process from cwd (conftest.run_printed); mode SUB runs
+    it in a subprocess."""
+    return lambda command, cwd, mode="": run_printed(command, cwd, capsys, mode)
 
 
 @pytest.fixture
@@ -89,7 +79,7 @@ def sandbox(tmp_path, data_dir):
 FAST = ["--max_iters", "2", "--eval_iters", "1", "--batch_size", "2", "--block_size", "32", "--n_layer", "1"]
 
 
-def test_a_misspelt_data_set_names_the_one_that_exists(sandbox, tmp_path_factory):
+def test_a_misspelt_data_set_names_the_one_that_exists(sandbox, tmp_path_factory, run):
     data = tmp_path_factory.mktemp("empty_data")
     code, out = run(f"python train.py --dataset shakspeare --data_dir {data}", sandbox)
     assert code == 1 and "did you mean --dataset shakespeare?" in out
@@ -101,12 +91,12 @@ def test_a_misspelt_data_set_names_the_one_that_exists(sandbox, tmp_path_factory
     assert code == 0, out
 
 
-def test_a_data_set_already_prepared_under_a_close_name(sandbox):
+def test_a_data_set_already_prepared_under_a_close_name(sandbox, run):
     code, out = run("python train.py --dataset shakespear", sandbox)
     assert code == 1 and "did you mean --dataset shakespeare? (data holds it)" in out
 
 
-def test_a_name_of_your_own_gets_prepare_files(sandbox):
+def test_a_name_of_your_own_gets_prepare_files(sandbox, run):
     code, out = run("python train.py --dataset my_notes", sandbox)
     command = hint(out)
     assert command == "python prepare.py --files FILE ... --name my_notes" and "knows no data set" in out
@@ -117,16 +107,18 @@ def test_a_name_of_your_own_gets_prepare_files(sandbox):
     assert code == 0, out
 
 
-def test_a_web_data_set_gets_its_prepare_command(sandbox, tmp_path_factory):
+def test_a_web_data_set_gets_its_prepare_command(sandbox, tmp_path_factory, run, monkeypatch):
     data = tmp_path_factory.mktemp("empty_data")
     code, out = run(f"python train.py --dataset openwebtext --data_dir {data}", sandbox)
     command = hint(out)
     assert command == f"python prepare.py --dataset openwebtext --out_dir {data}"
-    code, out = run(command, sandbox, timeout=120, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # the hub reads them when it is imported: a new process
+        monkeypatch.setenv(k, "1")
+    code, out = run(command, sandbox, SUB)
     assert "is not one of" not in out  # prepare.py takes the name; offline, it then says the hub cannot be reached
 
 
-def test_no_checkpoint_gets_the_train_command_that_makes_it(sandbox):
+def test_no_checkpoint_gets_the_train_command_that_makes_it(sandbox, run):
     code, out = run("python sample.py --out_dir runs/first", sandbox)
     command = hint(out)
     assert code == 1 and command == "python train.py --out_dir runs/first"
@@ -136,14 +128,14 @@ def test_no_checkpoint_gets_the_train_command_that_makes_it(sandbox):
     assert code == 0, out
 
 
-def test_a_file_given_as_the_run_folder_names_no_command_that_cannot_work(sandbox):
+def test_a_file_given_as_the_run_folder_names_no_command_that_cannot_work(sandbox, run):
     (sandbox / "runs").mkdir()
     (sandbox / "runs" / "log.jsonl").write_text("{}\n")
     code, out = run("python sample.py --out_dir runs/log.jsonl", sandbox)
     assert code == 1 and "is a file, not a run folder" in out and "`" not in out
 
 
-def test_a_path_with_a_space_is_quoted_in_the_command(sandbox):
+def test_a_path_with_a_space_is_quoted_in_the_command(sandbox, run):
     code, out = run("python sample.py --out_dir 'my runs/x'", sandbox)
     command = hint(out)
     assert code == 1 and command == "python train.py --out_dir 'my runs/x'"
@@ -153,7 +145,7 @@ def test_a_path_with_a_space_is_quoted_in_the_command(sandbox):
     assert code == 0, out
 
 
-def test_a_checkpoint_file_of_another_name_is_not_sent_to_train_py(sandbox):
+def test_a_checkpoint_file_of_another_name_is_not_sent_to_train_py(sandbox, run):
     """train.py writes ckpt.pt, so a missing best.pt gets no train.py command (it would not make best.pt); where the
     folder holds a ckpt.pt, the folder is named, and passing it works."""
     code, out = run("python sample.py --out_dir runs/x/best.pt", sandbox)
@@ -167,12 +159,12 @@ def test_a_checkpoint_file_of_another_name_is_not_sent_to_train_py(sandbox):
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "."])
-def test_a_data_set_name_that_is_no_folder_name_gets_no_command_prepare_refuses(name, sandbox):
+def test_a_data_set_name_that_is_no_folder_name_gets_no_command_prepare_refuses(name, sandbox, run):
     code, out = run(f"python train.py --dataset {shlex.quote(name)}", sandbox)
     assert code == 1 and "`" not in out and "names one folder inside --data_dir" in out, out
 
 
-def test_a_half_prepared_data_set_is_not_suggested_as_itself(sandbox, tmp_path_factory):
+def test_a_half_prepared_data_set_is_not_suggested_as_itself(sandbox, tmp_path_factory, run):
     data = tmp_path_factory.mktemp("half")
     (data / "broken").mkdir()
     (data / "broken" / "meta.json").write_text((sandbox / "data" / "shakespeare" / "meta.json").read_text())
@@ -187,7 +179,7 @@ def test_a_half_prepared_data_set_is_not_suggested_as_itself(sandbox, tmp_path_f
     assert code == 0, out
 
 
-def test_a_split_too_small_for_any_block_size_asks_for_more_text(sandbox, tmp_path_factory):
+def test_a_split_too_small_for_any_block_size_asks_for_more_text(sandbox, tmp_path_factory, run):
     """prepare.py makes no data set too small to train on; one made otherwise (an older prepare.py's, or by hand)
     gets train.py's own line, which asks for more text too."""
     data = tmp_path_factory.mktemp("tiny")
@@ -210,7 +202,7 @@ def test_an_unknown_option_gets_no_unrelated_did_you_mean(script, capsys):
     assert code == 1 and "did you mean" not in err, err
 
 
-def test_a_run_resumed_past_max_iters_says_so(sandbox):
+def test_a_run_resumed_past_max_iters_says_so(sandbox, run):
     code, out = run(f"python train.py --out_dir run {' '.join(FAST)}", sandbox)
     assert code == 0, out
     code, out = run("python train.py --out_dir run --resume --max_iters 1", sandbox)
@@ -235,7 +227,7 @@ def test_the_stop_and_divergence_lines_name_only_what_helps():
 
 @pytest.mark.parametrize("module", ["common.py", "generate.py", "hf/convert.py", "plumbing/options.py",
                                     "tools/tables.py", "model_vanilla.py", "model_vertical.py"])
-def test_a_library_module_run_as_a_script_says_which_script_to_run(module, sandbox):
+def test_a_library_module_run_as_a_script_says_which_script_to_run(module, sandbox, run):
     code, out = run(f"python {module} --help", sandbox)
     assert code == 1 and ("not a script" in out or "library module" in out), out
     command = hint(out)

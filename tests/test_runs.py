@@ -183,6 +183,7 @@ def test_a_resumed_run_keeps_its_global_batch(data, tmp_path, capsys):
         assert torch.equal(t, part["model"][name]), name
 
 
+@pytest.mark.slow  # torchrun, two processes
 def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
     """kill -9 of one of two processes: the one left ends in one `error:` line naming the checkpoint kept (its
     collective lost its peer), not a traceback; the checkpoint and the log are whole."""

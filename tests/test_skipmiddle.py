@@ -497,6 +497,7 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # torchrun, two processes
 def test_ddp_two_processes_keep_identical_coefficients(tmp_path):
     script, out = tmp_path / "ddp_skipmiddle.py", tmp_path / "coefs.pt"
     script.write_text(DDP_SCRIPT)

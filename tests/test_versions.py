@@ -1,11 +1,13 @@
 """The torch versions CI tests, and the code paths that have differed between them.
 
-.ci/run runs the whole suite under three torch versions, each in a fresh virtual environment:
+.ci/run runs the default tier under three torch versions, each in a fresh virtual environment, and the slow tier
+once, under the newest:
   FLOOR       the oldest that requirements.txt allows (its torch>=FLOOR; .ci/run installs torch==FLOOR)
   CPU_BUILD   the CPU build that the README's CPU install line gives here (.ci/run's CPU_TORCH)
   the newest  whatever an unpinned `pip install -r requirements.txt` resolves to (2.14.1 in November 2026),
               a CUDA build, run on the CPU; .ci/run prints which version it was
-The paths that have broken on one of them, and the test of each (VERSION_SENSITIVE), which runs under all three:
+The paths that have broken on one of them, and the tests of each (VERSION_SENSITIVE), marked `versions`, which run
+under all three (.ci/run: `python -m pytest -q -m "slow and versions"` after the default tier):
   DDP on gloo      torch 2.5's gloo has no ReduceOp.AVG: train.py all-reduces the step loss as a sum, then divides
   compiled decode  each decode step compiles to one graph, skipmiddle's skipping step to one per part and k (an
                    earlier form of it, a torch.cond whose branch wrote the cache, failed on 2.11 and lost the write
@@ -27,10 +29,11 @@ from conftest import ROOT
 
 FLOOR = "2.5.1"
 CPU_BUILD = "2.13.0"
-VERSION_SENSITIVE = {  # path: the test that covers it, as file::function
-    "DDP on gloo": "tests/test_contract.py::test_ddp_two_processes_equals_accumulation",
-    "compiled decode": "tests/test_decode.py::test_compiled_step_is_one_graph_and_equals_recomputation",
-    "torch.load": "tests/test_versions.py::test_a_checkpoint_loads_with_weights_only",
+VERSION_SENSITIVE = {  # path: the tests that cover it, as file::function
+    "DDP on gloo": ["tests/test_contract.py::test_ddp_two_processes_equals_accumulation"],
+    "compiled decode": ["tests/test_decode.py::test_compiled_step_is_one_graph_and_equals_recomputation",
+                        "tests/test_decode.py::test_compiled_skipping_step_equals_the_eager_one_greedy_and_sampled"],
+    "torch.load": ["tests/test_versions.py::test_a_checkpoint_loads_with_weights_only"],
 }
 NOTE = "tests/test_versions.py"  # what each of those tests' docstrings names: the versions are listed here
 
@@ -76,17 +79,42 @@ def test_this_torch_is_in_the_supported_range():
         f"pip install 'torch>={FLOOR}'")
 
 
+def marked_versions(function):
+    """Whether a test function's decorators include pytest.mark.versions."""
+    return any(isinstance(d, ast.Attribute) and d.attr == "versions" for d in function.decorator_list)
+
+
 @pytest.mark.parametrize("path", sorted(VERSION_SENSITIVE))
 def test_each_version_sensitive_path_has_a_test_that_says_so(path):
-    """The test of each path exists and its docstring names this file, where the versions it covers are."""
-    file, name = VERSION_SENSITIVE[path].split("::")
-    tree = ast.parse(read(file))
-    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
-    assert name in functions, f"{file} has no {name}, which VERSION_SENSITIVE names for {path}"
-    doc = ast.get_docstring(functions[name]) or ""
-    assert NOTE in " ".join(doc.split()), f"{file}::{name}'s docstring should name {NOTE} (the versions it runs under)"
+    """The tests of each path exist, are marked `versions` (which CI runs under every version) and their docstrings
+    name this file, where the versions they cover are."""
+    for test in VERSION_SENSITIVE[path]:
+        file, name = test.split("::")
+        functions = {f.name: f for f in ast.parse(read(file)).body if isinstance(f, ast.FunctionDef)}
+        assert name in functions, f"{file} has no {name}, which VERSION_SENSITIVE names for {path}"
+        assert marked_versions(functions[name]), f"{test} should be marked @pytest.mark.versions: CI selects it so"
+        doc = ast.get_docstring(functions[name]) or ""
+        assert NOTE in " ".join(doc.split()), f"{test}'s docstring should name {NOTE} (the versions it runs under)"
 
 
+def test_every_test_marked_versions_is_listed_here():
+    """A test marked `versions` covers a path listed in VERSION_SENSITIVE: the list says why it runs three times."""
+    listed = {test for tests in VERSION_SENSITIVE.values() for test in tests}
+    for file in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if file.startswith("test_") and file.endswith(".py"):
+            for f in ast.parse(read(f"tests/{file}")).body:
+                if isinstance(f, ast.FunctionDef) and marked_versions(f):
+                    assert f"tests/{file}::{f.name}" in listed, f"tests/{file}::{f.name} is marked versions, not listed"
+
+
+def test_ci_runs_the_version_sensitive_tests_under_the_floor_and_the_cpu_build():
+    """.ci/run runs `-m "slow and versions"` (the slow ones; the others are in the default tier) in each environment
+    that does not run the whole slow tier."""
+    ci = read(".ci/run")
+    assert '-m "slow and versions"' in ci and "-m slow" in ci
+
+
+@pytest.mark.versions
 def test_a_checkpoint_loads_with_weights_only(data_dir, tmp_path):
     """Version-sensitive: CI runs it under each torch version of tests/test_versions.py. A checkpoint that train.py
     writes holds tensors and plain containers only, so torch.load with weights_only=True reads it (also memory-mapped,
