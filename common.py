@@ -1,29 +1,28 @@
 """
-What every script shares about models, devices, data and checkpoints:
-    models       --model NAME is model_NAME.py; the shapes of the Vertical Attention paper's Table 2 (--size)
+What every script shares:
+    sizes        the shapes of the Vertical Attention paper's Table 2 (--size)
     device       --device and --dtype resolved, bf16 autocast, waiting for the GPU, its peak FLOP/s for MFU
-    data         a prepared data set's token split as a memory map (prepare.py writes data/<name>/)
+    tokenizers   byte, gpt2 and hf:DIR, by the name a data set's meta.json gives (prepare.py, sample.py, eval.py)
     checkpoints  a model rebuilt from train.py's ckpt.pt: the model file and options it names, and its weights
-What a bad option, data set or checkpoint ends in (one line naming the fix) is in plumbing/, which a learner may
-skip: every file is checked there where it is read, so that the code here can be plain.
+    skip-middle  its middle blocks skipped by every token (tools.bench --close_gates, eval.py --wiring)
+The model files (--model NAME), the readers of every file and what a bad option, data set or checkpoint ends in
+(one line naming the fix) are in plumbing/, which a learner may skip: every file is checked there where it is read,
+so that the code here can be plain.
 """
-import glob
 import importlib
 import os
 import sys
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 
 from plumbing.checkpoints import checkpoint_path, read_checkpoint
 from plumbing.errors import ConfigError
-from plumbing.files import split_tokens
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from plumbing.files import read_object
+from plumbing.models import build_model, load_model_module
 
 # ----------------------------------------------------------------------------------------------------------
-# models
+# sizes
 
 # size presets from the Vertical Attention paper's Table 2 (its names; the counts change with the vocabulary)
 SIZES = {
@@ -31,23 +30,6 @@ SIZES = {
     "100m": dict(n_embd=384, ffn_hidden=1536, n_head=6, n_layer=8, n_kv_head=3),
     "300m": dict(n_embd=768, ffn_hidden=3072, n_head=12, n_layer=12, n_kv_head=4),
 }
-
-
-def model_names():
-    return sorted(os.path.basename(p)[6:-3] for p in glob.glob(os.path.join(HERE, "model_*.py")))
-
-
-def load_model_module(name):
-    if name not in model_names():
-        raise ConfigError(f"unknown --model {name!r}; choose one of: {', '.join(model_names())}")
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    return importlib.import_module(f"model_{name}")
-
-
-def build_model(module, model_args):
-    """module.GPT of model_args, a dict of its GPTConfig's fields (checked where they were read)."""
-    return module.GPT(module.GPTConfig(**model_args))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -118,13 +100,78 @@ def peak_flops(device, given):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# data: data/<dataset>/{train,val}.bin + meta.json from prepare.py (read and checked by plumbing/files.py)
+# tokenizers: the name a data set's meta.json gives (prepare.py --tokenizer), so that every script re-creates it
 
-def open_split(data_dir, dataset, split, meta):
-    """split.bin as a read-only memmap of meta's dtype, once split_tokens() has found it a whole regular file that
-    matches meta.json (opening a FIFO would wait for a writer). Every reader of a split opens it here."""
-    split_tokens(data_dir, dataset, split, meta)
-    return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+def encode_bytes(text):
+    """UTF-8 bytes as ids 0..255: no vocabulary file, works anywhere."""
+    return list(text.encode("utf-8"))
+
+
+def decode_bytes(ids):
+    # ids >= 256 (the end-of-text token) are not bytes; a model may also emit broken UTF-8
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def need(module, what):
+    """Import an optional dependency, or end with the one line that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs the {module} package: pip install {module}")
+
+
+def get_tokenizer(name):
+    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte", "gpt2" or "hf:DIR")."""
+    if name == "byte":
+        return encode_bytes, decode_bytes, 257, 256
+    if name == "gpt2":
+        tiktoken = need("tiktoken", "the gpt2 tokenizer")
+        try:
+            enc = tiktoken.get_encoding("gpt2")  # downloads its BPE files on first use, then reads its cache
+        except Exception:
+            raise ConfigError("could not download the gpt2 tokenizer files (no internet?); use --tokenizer byte "
+                              "or set TIKTOKEN_CACHE_DIR to a folder holding them")
+        # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
+        return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
+    if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder
+        return hf_tokenizer(name[3:])
+    raise ConfigError(f"unknown tokenizer {name!r}: byte, gpt2 or hf:DIR; a checkpoint or meta.json that names "
+                      "another was not written by this repository")
+
+
+EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")  # document separators, by convention
+
+
+def hf_tokenizer(folder):
+    """(encode, decode, vocab_size, eot) of folder/tokenizer.json (the `tokenizers` package). The end-of-text id
+    is the first of EOT_NAMES the vocabulary has, else tokenizer_config.json's eos_token."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{folder} has no tokenizer.json; --tokenizer hf:DIR reads a Hugging Face tokenizer.json")
+    Tokenizer = need("tokenizers", "--tokenizer hf:DIR").Tokenizer
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:
+        raise ConfigError(f"cannot read {path} ({' '.join(str(e).split())[:150]})")
+    tok.encode_special_tokens = True  # a "<|endoftext|>" inside a document is text, not our separator
+    vocab = tok.get_vocab(with_added_tokens=True)
+    eot = next((vocab[n] for n in EOT_NAMES if n in vocab), None)
+    config = os.path.join(folder, "tokenizer_config.json")
+    if eot is None and os.path.isfile(config):
+        eos = read_object(config, "the tokenizer's config", "save the tokenizer again").get("eos_token")
+        eot = vocab.get(eos.get("content") if isinstance(eos, dict) else eos)
+    if eot is None:
+        raise ConfigError(f"{path} has no end-of-text token ({', '.join(EOT_NAMES)}, or tokenizer_config.json's "
+                          "eos_token); add one to the tokenizer")
+    vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
+
+    def encode(text):
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    return encode, decode, vocab_size, eot
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -149,6 +196,25 @@ def describe_run(ckpt):
     return f"step {step:,}" + (f", {tokens:,} tokens seen" if tokens is not None else "")
 
 
+# ----------------------------------------------------------------------------------------------------------
+# skip-middle with its middle blocks skipped by every token
+
+def close_gates(model, first):
+    """Every token's gate 0 from gate `first` on: a bias of 2 there puts the soft mask S (eq. 1) at 2 >= 1 for it
+    and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first to L-1-first."""
+    check_close_gates(first, len(model.gates))
+    with torch.no_grad():
+        for gate in model.gates:
+            gate.weight.zero_()
+            gate.bias.zero_()
+        model.gates[first].bias.fill_(2.0)
+
+
+def check_close_gates(first, gates):
+    if not 0 <= first < gates:
+        raise ConfigError(f"--close_gates must be between 0 and {gates - 1} for {gates} gates")
+
+
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("common.py is a library module: what the scripts share about models, devices, data and checkpoints; "
+    sys.exit("common.py is a library module: what the scripts share about sizes, devices, tokenizers and checkpoints; "
              "run a script, e.g. `python train.py --help`")

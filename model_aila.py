@@ -30,7 +30,7 @@ VARIANTS = {"arch1": dict(aila_arch=1), "arch1_rank": dict(aila_arch=1, aila_ran
 
 def option(default, doc, **rules):
     """A config field with its --help text and its constraints (min / max, above / below, choices), which the
-    scripts check (common.check_config) before they build a model."""
+    scripts check (plumbing.config.check_config) before they build a model."""
     return field(default=default, metadata=dict(doc=doc, **rules))
 
 

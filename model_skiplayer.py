@@ -32,7 +32,7 @@ SIZE_DEFAULTS = {"50m": dict(skip_layers=4, skip_heads=1), "100m": dict(skip_lay
 
 def option(default, doc, **rules):
     """A config field with its --help text and its constraints (min / max, above / below, choices), which the
-    scripts check (common.check_config) before they build a model."""
+    scripts check (plumbing.config.check_config) before they build a model."""
     return field(default=default, metadata=dict(doc=doc, **rules))
 
 

@@ -34,7 +34,7 @@ GATE_C = 1.0  # gate_into_keys: the query's appended coordinate, a power of two,
 
 def option(default, doc, **rules):
     """A config field with its --help text and its constraints (min / max, above / below, choices), which the
-    scripts check (common.check_config) before they build a model."""
+    scripts check (plumbing.config.check_config) before they build a model."""
     return field(default=default, metadata=dict(doc=doc, **rules))
 
 

@@ -27,7 +27,7 @@ MODIFIED = ()  # components that differ from model_vanilla.py (none: this is it)
 
 def option(default, doc, **rules):
     """A config field with its --help text and its constraints (min / max, above / below, choices), which the
-    scripts check (common.check_config) before they build a model."""
+    scripts check (plumbing.config.check_config) before they build a model."""
     return field(default=default, metadata=dict(doc=doc, **rules))
 
 

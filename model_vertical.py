@@ -28,7 +28,7 @@ VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": 
 
 def option(default, doc, **rules):
     """A config field with its --help text and its constraints (min / max, above / below, choices), which the
-    scripts check (common.check_config) before they build a model."""
+    scripts check (plumbing.config.check_config) before they build a model."""
     return field(default=default, metadata=dict(doc=doc, **rules))
 
 

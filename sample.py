@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from common import DTYPES, autocast, describe_run, model_from_checkpoint, resolve_device, resolve_dtype
+from common import (DTYPES, autocast, describe_run, get_tokenizer, model_from_checkpoint, resolve_device,
+                    resolve_dtype)
 from generate import compile_decode_step, generate
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
 from plumbing.files import read_text
 from plumbing.options import explicit_options, parse_simple
-from prepare import get_tokenizer
 
 
 @dataclass

@@ -15,8 +15,9 @@ A run is a transaction: every check (options, data, checkpoint, model, optimiser
 before anything in out_dir is created or written, and a second run in the same out_dir is refused. log.jsonl
 is append-only: a resumed run keeps every record up to its checkpoint's step and moves the records after it
 to log.superseded.jsonl. This file reads top to bottom (the options, the data, the model and its optimiser,
-the schedule, the processes, one step, evaluation, the log, the checkpoint, the loop); the checks and the
-one-line errors are in plumbing/, which a learner may skip.
+the schedule, the processes, one step, evaluation, the log, what the run trains, the checkpoint, the loop);
+every decision of a run is a line here, and the checks and the one-line errors are in plumbing/, which a learner
+may skip: it checks and reads, and decides nothing.
 """
 import dataclasses
 import math
@@ -29,13 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (DTYPES, SIZES, autocast, build_model, model_names, open_split, peak_flops, resolve_device,
-                    resolve_dtype, synchronize)
+from common import DTYPES, SIZES, autocast, peak_flops, resolve_device, resolve_dtype, synchronize
 from hf import convert
 from plumbing import checks
 from plumbing.config import option
-from plumbing.errors import ConfigError, catch_stop_signals, diverged, main_boundary, stopped
-from plumbing.files import read_meta, save_checkpoint, to_json
+from plumbing.errors import ConfigError, diverged, main_boundary, note, stopped
+from plumbing.files import open_split, read_meta, save_checkpoint, to_json
+from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
 
 
@@ -92,7 +93,13 @@ class TrainConfig:
 def parse_args(argv):
     """(TrainConfig, model options as a dict, model module, names set explicitly), from defaults < preset files <
     the command line; ConfigError on bad input."""
-    return parse_model_options(TrainConfig, argv, __doc__)
+    cfg, model_args, module, explicit = parse_model_options(TrainConfig, argv, __doc__)
+    if cfg.size:  # the shape of Table 2, with the model file's own settings for it, where no option set them
+        sized = {**SIZES[cfg.size], **getattr(module, "SIZE_DEFAULTS", {}).get(cfg.size, {})}
+        model_args = {**model_args, **{k: v for k, v in sized.items() if k not in explicit}}
+        explicit = explicit | set(sized)  # a resumed run's check treats them as given
+        check_model_args(module, model_args, f"--size {cfg.size}")
+    return cfg, model_args, module, explicit
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -134,16 +141,7 @@ def train_offsets(n_tokens, T, seed, step, n_windows):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the model, its optimiser and the learning-rate schedule
-
-def make_model(module, model_args, cfg, resuming, device):
-    """The model of model_args on device; a new run with --init_from takes the pretrained weights of the
-    components every model file shares with vanilla (hf/convert.py), the method's own parameters keep their init."""
-    model = build_model(module, model_args).to(device)
-    if cfg.init_from and not resuming:
-        convert.load_folder(model, cfg.init_from)
-    return model
-
+# the optimiser and the learning-rate schedule
 
 def make_optimizer(raw_model, cfg, device):
     """AdamW over the model's own parameter groups: weight decay on matrices and embeddings only, and a group may
@@ -353,6 +351,48 @@ class Log:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# what the run trains: a new run's model, and what a resumed run keeps (each checked in plumbing/checks.py first)
+
+def new_model_args(cfg, module, model_args, explicit, meta):
+    """A new run's model: the architecture of the --init_from folder, else the options with the data's vocabulary."""
+    if cfg.init_from:  # its config.json sets the architecture, its tokenizer the vocabulary (hf/convert.py)
+        model_args = convert.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
+    elif "vocab_size" not in explicit:  # every token id of the data set, as its meta.json says
+        model_args = {**model_args, "vocab_size": meta["vocab_size"]}
+    checks.check_new_model(model_args, meta)
+    return model_args
+
+
+def resumed(cfg, proc, explicit, ckpt):
+    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one, each with a note where
+    it keeps what the options would change."""
+    saved, run = ckpt.get("train_config") or {}, ckpt.get("run") or {}
+    # the schedule's horizon once its cosine has begun: with --lr_decay_iters 0 it would follow a new --max_iters,
+    # and the decayed learning rate would jump (a run saved in its warm-up takes the new one: it did not decay yet)
+    horizon = saved.get("lr_decay_iters") or saved.get("max_iters")
+    if (cfg.decay_lr and saved.get("decay_lr", True) and "lr_decay_iters" not in explicit and type(horizon) is int
+            and horizon != (cfg.lr_decay_iters or cfg.max_iters) and ckpt["iter_num"] > cfg.warmup_iters):
+        cfg = dataclasses.replace(cfg, lr_decay_iters=horizon)  # which the next checkpoint saves again
+        note(f"the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as saved, not "
+             f"at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step")
+    # the global batch it was saved with, shared by this run's processes, so that it reads the windows the
+    # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
+    accum, steps = proc.accum, run.get("gradient_accumulation_steps")
+    if not cfg.gradient_accumulation_steps and isinstance(steps, int) and steps != proc.world * accum:
+        checks.check_shared_batch(steps, proc.world)
+        accum = steps // proc.world
+        note(f"resumed on {proc.world} process(es), the run keeps its global batch: {steps} micro-steps per "
+             f"optimiser step, {accum} per process")
+    # the token count goes on from the saved one (an older checkpoint's: its steps at its tokens per step)
+    per_step, was = proc.world * accum * cfg.batch_size * ckpt["model_args"]["block_size"], run.get("tokens_per_step")
+    tokens = ckpt.get("tokens_seen", ckpt["iter_num"] * (was or per_step))
+    if was and was != per_step:
+        note(f"the run resumes with {per_step:,} tokens per optimiser step where it saved {was:,}; its token count "
+             f"goes on from the saved {tokens:,} at step {ckpt['iter_num']:,}")
+    return cfg, accum, tokens
+
+
+# ----------------------------------------------------------------------------------------------------------
 # the checkpoint, and resume
 
 def rng_states(device, world):
@@ -395,32 +435,64 @@ def restore(raw_model, optimizer, ckpt, proc):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# the run: every check, the decisions above, then the loop, which Ctrl-C and SIGTERM stop between two steps
+
+def catch_stop_signals():
+    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
+    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
+    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
+    stop = []
+
+    def handler(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signum)
+    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
 
 def main(argv):
-    # ---- every check, before anything in out_dir is created or written
+    # ---- every check, before anything in out_dir is created or written; and what the run trains
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
     meta = read_meta(cfg.data_dir, cfg.dataset)
-    ckpt, model_args = checks.before_run(cfg, model_args, module, explicit, meta, proc)  # the checkpoint to resume
+    checks.check_options(cfg)
+    checks.check_run_folder(cfg)
+    if cfg.resume:  # the run saved in out_dir, checked against this command's options and data
+        ckpt = checks.read_resume(cfg, model_args, module, explicit, meta)
+        model_args = ckpt["model_args"]  # the architecture is the checkpoint's
+        cfg, proc.accum, tokens_seen = resumed(cfg, proc, explicit, ckpt)
+    else:
+        ckpt, tokens_seen = None, 0
+        model_args = new_model_args(cfg, module, model_args, explicit, meta)
     T = model_args["block_size"]
+    checks.check_splits(cfg.data_dir, cfg.dataset, meta, T, model_args["vocab_size"])
     data = Data(cfg, meta)
     if proc.world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if proc.device.type == "cuda":
             torch.cuda.set_device(proc.device)
         torch.distributed.init_process_group("nccl" if proc.device.type == "cuda" else "gloo")
     torch.manual_seed(cfg.seed + proc.rank)
-    raw_model = make_model(module, model_args, cfg, ckpt is not None, proc.device)
+    raw_model = build_model(module, model_args).to(proc.device)
+    if cfg.init_from and ckpt is None:  # the pretrained weights of the components every model file shares with
+        convert.load_folder(raw_model, cfg.init_from)  # vanilla (hf/convert.py); the method's own keep their init
     optimizer = make_optimizer(raw_model, cfg, proc.device)
-    iter_num, tokens_seen, best_val, saved_step = 0, 0, float("inf"), None
+    iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:
         iter_num = saved_step = restore(raw_model, optimizer, ckpt, proc)
-        best_val, tokens_seen = ckpt["best_val_loss"], ckpt["tokens_seen"]
+        best_val = ckpt["best_val_loss"]
     batches = data.train_batches(cfg, proc, T, iter_num)  # this process's batches, one per micro-step
     batch = next(batches)
-    checks.first_batch(raw_model, batch, proc, cfg, model_args, explicit, iter_num)
+    raw_model.eval()  # one forward pass before anything is written, with no dropout drawn: a batch that does not
+    with torch.no_grad(), proc.ctx:  # fit, or a loss that is not finite from the start, fails here
+        first_loss = raw_model(*batch)[1].item()
+    raw_model.train()
+    if not math.isfinite(first_loss):
+        raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, None, proc.dtype)
 
     # ---- the run: from here on it may write to out_dir
-    lock = checks.open_run_folder(cfg.out_dir, saved_step) if proc.rank == 0 else None  # locked, log settled
+    lock = checks.lock_out_dir(cfg.out_dir) if proc.rank == 0 else None  # held to the end: a second run is refused
+    if proc.rank == 0:
+        checks.settle_log(cfg.out_dir, saved_step)  # log.jsonl: the records up to the resumed step
     model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)
     stop, handlers = catch_stop_signals()

@@ -42,11 +42,12 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("hf/convert.py is a library module: Hugging Face folders in (train.py --init_from) and out; run "
              "`python -m hf.export --help` or `python train.py --help`")
 
-import common
-from plumbing.checkpoints import load_weights, separate, split_fused
+from common import hf_tokenizer
+from plumbing.checkpoints import separate, split_fused, weights_for
 from plumbing.config import make_config
-from plumbing.errors import ConfigError
+from plumbing.errors import ConfigError, note
 from plumbing.files import read_json, to_json
+from plumbing.models import build_model, model_names
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
 # the files of a tokenizer that export copies along (those the folder has)
@@ -62,11 +63,6 @@ TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "
 
 class HFError(ConfigError):
     """A folder, a checkpoint or an option that does not fit; the message is one line that names the fix."""
-
-
-def note(message):
-    if os.environ.get("RANK", "0") == "0":  # under torchrun: one note, not one per process
-        print(f"note: {message}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -252,8 +248,8 @@ def init_args(folder, module, model_args, explicit, meta):
     model_args = {**model_args, **hf_args}
     try:
         with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
-            model = module.GPT(module.GPTConfig(**model_args))
-    except (ValueError, AssertionError, ZeroDivisionError) as e:
+            model = build_model(module, model_args, f"{folder}'s config.json")
+    except (AssertionError, ZeroDivisionError) as e:
         raise HFError(f"{module.__name__}.py rejects the architecture of {folder}: {e}")
     (check_custom_weights if custom else check_weights)(folder, model)
     if unchecked:  # once every check has passed: a failing run says one thing only
@@ -271,7 +267,7 @@ def load_folder(model, folder):
             with st.safe_open(path, framework="pt") as f:
                 tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
         try:
-            load_weights(model, tensors, type(model).__module__[6:], f"{folder}/model.safetensors")
+            model.load_state_dict(weights_for(model, tensors, f"{folder}/model.safetensors"))
         except ConfigError as e:
             raise HFError(str(e))
         return list(tensors)
@@ -417,9 +413,9 @@ def read_custom(folder, module):
     for needed in (f"model_{name}.py", "hf_model.py"):
         if not os.path.isfile(os.path.join(folder, needed)):
             raise HFError(f"{folder} lacks {needed}, which transformers runs the model with; export the run again")
-    if name not in common.model_names():
+    if name not in model_names():
         raise HFError(f"{path} names model_{name}.py, which this repository does not have (its models: "
-                      f"{', '.join(common.model_names())}); export the run with a checkout that has it")
+                      f"{', '.join(model_names())}); export the run with a checkout that has it")
     if f"model_{name}" != module.__name__:
         raise HFError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
     try:
@@ -437,7 +433,7 @@ def check_custom_weights(folder, model):
     for path in sorted(set(files.values())):
         shapes.update(tensor_shapes(path))
     split = {k: tuple(t.shape) for k, t in split_state(model).items()}
-    want = {}  # a folder exported before q, k and v (or w1 and w3) were one matmul has them apart: load_weights joins
+    want = {}  # a folder exported before q, k and v (or w1 and w3) were one matmul has them apart: weights_for joins
     for name, t in model.state_dict().items():
         names, _ = separate(name, model.config)
         apart = names and f"model.{name}" not in shapes
@@ -457,44 +453,6 @@ def is_custom(folder):
 
 # ----------------------------------------------------------------------------------------------------------
 # tokenizers: prepare.py --tokenizer hf:DIR, and the check that a folder's tokenizer is the data's
-
-EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")  # document separators, by convention
-
-
-def get_tokenizer(folder):
-    """(encode, decode, vocab_size, eot) of folder/tokenizer.json (the `tokenizers` package). The end-of-text id
-    is the first of EOT_NAMES the vocabulary has, else tokenizer_config.json's eos_token."""
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise HFError(f"{folder} has no tokenizer.json; --tokenizer hf:DIR reads a Hugging Face tokenizer.json")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise HFError("--tokenizer hf:DIR needs the tokenizers package: pip install tokenizers")
-    try:
-        tok = Tokenizer.from_file(path)
-    except Exception as e:
-        raise HFError(f"cannot read {path} ({' '.join(str(e).split())[:150]})")
-    tok.encode_special_tokens = True  # a "<|endoftext|>" inside a document is text, not our separator
-    vocab = tok.get_vocab(with_added_tokens=True)
-    eot = next((vocab[n] for n in EOT_NAMES if n in vocab), None)
-    if eot is None and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
-        eos = read_object(os.path.join(folder, "tokenizer_config.json")).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        eot = vocab.get(eos)
-    if eot is None:
-        raise HFError(f"{path} has no end-of-text token ({', '.join(EOT_NAMES)}, or tokenizer_config.json's "
-                      "eos_token); add one to the tokenizer")
-    vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
-
-    def encode(text):
-        return tok.encode(text, add_special_tokens=False).ids
-
-    def decode(ids):
-        return tok.decode(ids, skip_special_tokens=False)
-
-    return encode, decode, vocab_size, eot
-
 
 def same_tokenizer(a, b):
     """Whether the tokenizer.json files a and b define the same tokenizer: the same file, the same bytes, or the
@@ -570,7 +528,7 @@ def tokenizer_files(meta, given=None):
             what = "--tokenizer" if given else "the run's tokenizer folder"
             raise HFError(f"{what} {folder} has no tokenizer.json; pass --tokenizer DIR, a folder holding the run's "
                           "tokenizer.json")
-        _, decode, vocab_size, folder_eot = get_tokenizer(folder)
+        _, decode, vocab_size, folder_eot = hf_tokenizer(folder)
         if given and (vocab_size, folder_eot) != (meta.get("vocab_size"), eot):
             raise HFError(f"--tokenizer {folder} has {vocab_size} tokens and end of text {folder_eot}, the run's "
                           f"{name} tokenizer {meta.get('vocab_size')} and {eot}; pass a folder with the run's "

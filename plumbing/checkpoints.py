@@ -3,7 +3,6 @@ Plumbing a learner may skip: reading train.py's ckpt.pt, so that a missing, dama
 one line naming it, and loading its weights into a model (with the q, k, v split and joined for older files and
 Hugging Face's names).
 """
-import dataclasses
 import os
 import pickle
 import re
@@ -16,9 +15,9 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("plumbing/checkpoints.py is a library module (the reader of train.py's checkpoints); run a script, "
              "e.g. `python train.py --help`")
 
-from plumbing.config import make_config
 from plumbing.errors import ConfigError
 from plumbing.files import regular_file
+from plumbing.models import build_model, load_model_module
 from plumbing.schemas import CHECKPOINT, checked
 
 
@@ -74,8 +73,8 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False
     missing = [k for k in keys if k not in ckpt]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join(missing)}: it was not saved by this version of train.py")
-    if "model" in keys:
-        check_model(ckpt, path)
+    if "model" in keys:  # the weights as the model file it names loads them (older files' joined)
+        ckpt["model"] = checked_model_weights(ckpt, path)
     return ckpt
 
 
@@ -114,13 +113,15 @@ def split_fused(state, config):
 
 
 def join_fused(state, names, config):
-    """A checkpoint written before q, k and v (or w1 and w3) were one matmul: its separate projections joined into
-    the wqkv and w13 among names, the model's (the same numbers, so the same logits and the same greedy text)."""
+    """A new state dict: that of a checkpoint written before q, k and v (or w1 and w3) were one matmul, with its
+    separate projections joined into the wqkv and w13 among names, the model's (the same numbers, so the same logits
+    and the same greedy text); any other state as it is."""
+    joined = dict(state)
     for name in names:
         parts, _ = separate(name, config)
-        if parts and name not in state and all(n in state for n in parts):
-            state[name] = torch.cat([state.pop(n) for n in parts])
-    return state
+        if parts and name not in joined and all(n in joined for n in parts):
+            joined[name] = torch.cat([joined.pop(n) for n in parts])
+    return joined
 
 
 def check_weights(state, expected, config, path, what):
@@ -130,7 +131,7 @@ def check_weights(state, expected, config, path, what):
     if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(t) for k, t in state.items()):
         raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train "
                           "again")
-    state = join_fused(dict(state), expected, config)
+    state = join_fused(state, expected, config)
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     wrong = [n for n in expected if n in state and tuple(state[n].shape) != tuple(expected[n])]
     if missing or unexpected or wrong:
@@ -143,28 +144,18 @@ def check_weights(state, expected, config, path, what):
     return state
 
 
-def load_weights(model, state, model_name, path):
-    """The weights of a checkpoint or a Hugging Face folder into model; ConfigError if they do not fit it or are not
-    all finite."""
+def weights_for(model, state, path):
+    """The weights of a checkpoint or a Hugging Face folder, checked against model (check_weights), as the state
+    dict model.load_state_dict takes."""
     expected = {name: t.shape for name, t in model.state_dict().items()}
-    model.load_state_dict(check_weights(state, expected, model.config, path, f"model_{model_name}.py"))
+    return check_weights(state, expected, model.config, path, f"{type(model).__module__}.py")
 
 
-def check_model(ckpt, path):
-    """A checkpoint's model against the model file it names: model_args are fields of its GPTConfig within their
+def checked_model_weights(ckpt, path):
+    """A checkpoint's weights against the model file it names: model_args are fields of its GPTConfig within their
     constraints, and the weights have the names and shapes of the model those options build (made on the meta
-    device: no memory, no arithmetic). ckpt["model"] becomes the state dict that model loads."""
-    from common import load_model_module  # common imports this module: imported when it is needed
+    device: no memory, no arithmetic). Returns the state dict that model loads."""
     module = load_model_module(ckpt["model_name"])
-    args, known = ckpt["model_args"], {f.name for f in dataclasses.fields(module.GPTConfig)}
-    if not isinstance(args, dict) or set(args) - known:
-        extra = ", ".join(sorted(set(args) - known)) if isinstance(args, dict) else "not a dict"
-        raise ConfigError(f"the model_args of {path} do not fit model_{ckpt['model_name']}.py ({extra}); it was saved "
-                          "by another version of that file")
-    try:
-        config = make_config(module.GPTConfig, **args)
-    except ValueError as e:
-        raise ConfigError(f"{e} in the model_args of {path} (model_{ckpt['model_name']}.py)")
     with torch.device("meta"):
-        expected = {name: t.shape for name, t in module.GPT(config).state_dict().items()}
-    ckpt["model"] = check_weights(ckpt["model"], expected, config, path, f"model_{ckpt['model_name']}.py")
+        model = build_model(module, ckpt["model_args"], f"the model_args of {path}")
+    return weights_for(model, ckpt["model"], path)

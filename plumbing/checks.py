@@ -1,11 +1,11 @@
 """
 Plumbing a learner may skip: what train.py checks before it writes anything, so that a run is a transaction: the
-run folder and --resume against its checkpoint, the global batch and schedule a resumed run keeps, the data splits,
-one forward pass on the first batch; and the run folder's lock and append-only log.
+options, the run folder, --resume against its checkpoint (the model, the data's tokenizer, the optimiser state), a
+new run's model against the data, the data splits; then the run folder's lock and append-only log. Each check
+returns what it read or raises a one-line error; what the run does with it is decided in train.py.
 """
 import importlib.util
 import json
-import math
 import os
 import shlex
 import sys
@@ -16,28 +16,53 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("plumbing/checks.py is a library module (train.py's checks before a run); run a script, "
              "e.g. `python train.py --help`")
 
-from common import build_model, open_split
-from hf import convert
 from plumbing.checkpoints import read_checkpoint
-from plumbing.config import make_config
-from plumbing.errors import ConfigError, diverged
-from plumbing.files import regular_file
+from plumbing.errors import ConfigError
+from plumbing.files import open_split, regular_file
+from plumbing.models import build_model
 
 
-def before_run(cfg, model_args, module, explicit, meta, proc):
-    """Every check of the options, the run folder, the checkpoint to resume and the data, before anything is
-    written. Returns (the checkpoint to resume, or None for a new run; the model options, a resumed run's those of
-    its checkpoint). A resumed run keeps its global batch (proc.accum may change) and counts its tokens on."""
+def check_options(cfg):
+    """What the options need besides their own rules: wandb installed for --wandb_log."""
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
-    ckpt, model_args = read_run(cfg, model_args, module, explicit, meta)
-    if ckpt is not None:
-        check_optimizer_state(ckpt, module, model_args, cfg)
-    keep_global_batch(proc, cfg, ckpt)
-    if ckpt is not None:
-        keep_token_count(ckpt, proc.world * proc.accum * cfg.batch_size * model_args["block_size"], proc.rank)
-    check_splits(cfg.data_dir, cfg.dataset, meta, model_args["block_size"], model_args["vocab_size"])
-    return ckpt, model_args
+
+
+def check_run_folder(cfg):
+    """--out_dir is a folder (or not there yet), its log a regular file; a checkpoint there only with --resume, and
+    one there for --resume."""
+    path, log = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
+    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ConfigError(f"--out_dir {cfg.out_dir} is a file, not a folder; choose another --out_dir")
+    if os.path.exists(log):  # a folder, a FIFO, a socket or a device there is refused before it is opened
+        regular_file(log, "the run's log", "move it away")
+    if not cfg.resume and os.path.exists(path):
+        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
+                          "or choose another --out_dir")
+    if cfg.resume and not os.path.exists(path):
+        raise ConfigError(f"--resume found no checkpoint at {path}; drop --resume to start a new run")
+
+
+def read_resume(cfg, model_args, module, explicit, meta):
+    """The checkpoint in out_dir that --resume continues, checked: a step below --max_iters, the same model file,
+    no model option of the command line that would change its model, data of its tokenizer, and an optimiser state
+    that fits its model."""
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt = read_checkpoint(path, ("model_name", "model_args", "model", "optimizer", "iter_num", "best_val_loss",
+                                  "rng", "meta"))
+    if ckpt["iter_num"] > cfg.max_iters:
+        raise ConfigError(f"the run in {cfg.out_dir} is at step {ckpt['iter_num']}, past --max_iters {cfg.max_iters}: "
+                          f"nothing to train; pass --max_iters above {ckpt['iter_num']} to go on")
+    check_resume(cfg, model_args, explicit, ckpt, meta, path)
+    check_optimizer_state(ckpt, module, ckpt["model_args"], cfg)
+    return ckpt
+
+
+def check_new_model(model_args, meta):
+    """A new run's model embeds every token id of the data."""
+    if model_args["vocab_size"] < meta["vocab_size"]:
+        raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's {meta['vocab_size']}; "
+                          "drop the option")
 
 
 def check_optimizer_state(ckpt, module, model_args, cfg):
@@ -60,88 +85,12 @@ def check_optimizer_state(ckpt, module, model_args, cfg):
                               f"{i}; {fix}")
 
 
-def keep_global_batch(proc, cfg, ckpt):
-    """A resumed run takes the micro-steps per optimiser step it was saved with, whatever the number of processes
-    now, so that it reads the windows the uninterrupted run would have (unless --gradient_accumulation_steps says
-    otherwise)."""
-    saved = (ckpt.get("run") or {}).get("gradient_accumulation_steps") if ckpt else None
-    if cfg.gradient_accumulation_steps or not isinstance(saved, int) or saved == proc.world * proc.accum:
-        return
-    if saved % proc.world:
-        raise ConfigError(f"the run was saved with {saved} micro-steps per optimiser step, which {proc.world} "
+def check_shared_batch(saved, world):
+    """The micro-steps per optimiser step a run was saved with can be shared by world processes."""
+    if saved % world:
+        raise ConfigError(f"the run was saved with {saved} micro-steps per optimiser step, which {world} "
                           f"processes cannot share; resume it on a number of processes that divides {saved}, or pass "
                           "--gradient_accumulation_steps (a new global batch)")
-    proc.accum = saved // proc.world
-    if proc.rank == 0:
-        print(f"note: resumed on {proc.world} process(es), the run keeps its global batch: {saved} micro-steps per "
-              f"optimiser step, {proc.accum} per process", file=sys.stderr)
-
-
-def keep_token_count(ckpt, tokens_per_step, rank):
-    """A resumed run counts its tokens on from the saved count (ckpt["tokens_seen"], set here from the saved steps
-    and tokens per step where an older checkpoint lacks it), at its own tokens per step, which may differ from the
-    saved run's (another --batch_size or --gradient_accumulation_steps): then it says so in one note."""
-    saved = (ckpt.get("run") or {}).get("tokens_per_step")
-    if "tokens_seen" not in ckpt:
-        ckpt["tokens_seen"] = ckpt["iter_num"] * (saved or tokens_per_step)
-    if saved and saved != tokens_per_step and rank == 0:
-        print(f"note: the run resumes with {tokens_per_step:,} tokens per optimiser step where it saved {saved:,}; "
-              f"its token count goes on from the saved {ckpt['tokens_seen']:,} at step {ckpt['iter_num']:,}",
-              file=sys.stderr)
-
-
-def read_run(cfg, model_args, module, explicit, meta):
-    """The checkpoint to continue (None for a new run) and the model options, after checking out_dir."""
-    path, log = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
-    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise ConfigError(f"--out_dir {cfg.out_dir} is a file, not a folder; choose another --out_dir")
-    if os.path.exists(log):  # a folder, a FIFO, a socket or a device there is refused before it is opened
-        regular_file(log, "the run's log", "move it away")
-    if not cfg.resume:
-        if os.path.exists(path):
-            raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
-                              "or choose another --out_dir")
-        if cfg.init_from:  # the architecture from the folder's config.json; the folder is checked here
-            model_args = convert.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
-            try:
-                make_config(module.GPTConfig, **model_args)
-            except ValueError as e:
-                raise ConfigError(f"{e} (model_{cfg.model}.py, from {cfg.init_from}'s config.json)")
-        elif "vocab_size" not in explicit:
-            model_args = {**model_args, "vocab_size": meta["vocab_size"]}
-        if model_args["vocab_size"] < meta["vocab_size"]:
-            raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
-                              f"{meta['vocab_size']}; drop the option")
-        return None, model_args
-    if not os.path.exists(path):
-        raise ConfigError(f"--resume found no checkpoint at {path}; drop --resume to start a new run")
-    ckpt = read_checkpoint(path, ("model_name", "model_args", "model", "optimizer", "iter_num", "best_val_loss",
-                                  "rng", "meta"))
-    if ckpt["iter_num"] > cfg.max_iters:
-        raise ConfigError(f"the run in {cfg.out_dir} is at step {ckpt['iter_num']}, past --max_iters {cfg.max_iters}: "
-                          f"nothing to train; pass --max_iters above {ckpt['iter_num']} to go on")
-    check_resume(cfg, model_args, explicit, ckpt, meta, path)
-    keep_schedule(cfg, explicit, ckpt)
-    return ckpt, ckpt["model_args"]  # the architecture is the checkpoint's
-
-
-def keep_schedule(cfg, explicit, ckpt):
-    """A resumed run whose cosine has begun keeps its horizon, the step where it reaches min_lr (saved in the
-    checkpoint's train_config): with the default --lr_decay_iters 0 the horizon would follow a new --max_iters, and
-    the learning rate, already decayed, would jump at the resumed step. cfg.lr_decay_iters is set to the saved
-    horizon, which the next checkpoint saves again; --lr_decay_iters given on the command line sets another. A run
-    saved within its warm-up, whose learning rates did not depend on the horizon, takes the new one: it then
-    equals the uninterrupted run of the new --max_iters."""
-    saved = ckpt.get("train_config") or {}
-    horizon = saved.get("lr_decay_iters") or saved.get("max_iters")
-    if (not cfg.decay_lr or not saved.get("decay_lr", True) or "lr_decay_iters" in explicit
-            or type(horizon) is not int or horizon == (cfg.lr_decay_iters or cfg.max_iters)
-            or ckpt["iter_num"] <= cfg.warmup_iters):
-        return
-    cfg.lr_decay_iters = horizon
-    if os.environ.get("RANK", "0") == "0":
-        print(f"note: the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as "
-              f"saved, not at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step", file=sys.stderr)
 
 
 def check_resume(cfg, model_args, explicit, ckpt, meta, path):
@@ -183,25 +132,6 @@ def check_splits(data_dir, dataset, meta, block_size, vocab_size):
             raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
                               f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
                               "again to remake the data set")
-
-
-def first_batch(raw_model, batch, proc, cfg, model_args, explicit, iter_num):
-    """One forward pass on the first batch before anything is written, in eval mode (no dropout draws): a batch
-    that does not fit, or a model whose loss is not finite from the start, fails here."""
-    x, y = batch
-    raw_model.eval()
-    with torch.no_grad(), proc.ctx:  # memory that cannot be allocated ends at main_boundary(), as anywhere
-        _, loss = raw_model(x, y)
-    if not math.isfinite(loss.item()):
-        raise diverged("loss of the first batch", loss.item(), iter_num, cfg, model_args, explicit, None, proc.dtype)
-    raw_model.train()
-
-
-def open_run_folder(out_dir, resume_step):
-    """out_dir created and locked for the life of the process (the handle holds the lock), its log settled."""
-    lock = lock_out_dir(out_dir)
-    settle_log(out_dir, resume_step)
-    return lock
 
 
 def lock_out_dir(out_dir):

@@ -12,8 +12,6 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("plumbing/config.py is a library module (the constraints of every script's options); run a script, "
              "e.g. `python train.py --help`")
 
-from plumbing.errors import ConfigError
-
 
 def option(default, doc, **rules):
     """A config field with its --help text and its constraints (min / max, above / below, choices; path: a file
@@ -86,18 +84,3 @@ def make_config(config_class, **values):
     the option."""
     check_config(config_class, values)
     return config_class(**values)
-
-
-
-
-def checked_model(module, model_args, source):
-    """module.GPT of model_args (a dict), after checking them against its GPTConfig: ConfigError names the field
-    the model file does not know or the option it rejects, and source, where the values came from."""
-    extra = set(model_args) - {f.name for f in dataclasses.fields(module.GPTConfig)}
-    if extra:
-        raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py "
-                          "does not know; it was saved by another version of that file")
-    try:
-        return module.GPT(make_config(module.GPTConfig, **model_args))
-    except ValueError as e:
-        raise ConfigError(f"{e} ({module.__name__}.py, from {source})")

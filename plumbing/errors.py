@@ -7,7 +7,6 @@ import dataclasses
 import errno
 import os
 import re
-import signal
 import sys
 
 import torch
@@ -37,6 +36,12 @@ class PeerLost(RunError):
 
 class OutOfMemory(RunError):
     """An allocation that failed while a run ran, with what the run keeps; main_boundary() adds what to lower."""
+
+
+def note(message):
+    """One `note:` line on stderr (under torchrun: rank 0's, not one per process)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"note: {message}", file=sys.stderr)
 
 
 def fail(message, every_rank=False):
@@ -107,19 +112,6 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step, dtype):
     return RunError(f"the {what} is {value} at step {step}: training diverged; check the options of this run "
                     f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of "
                     f"range){'' if dtype == 'float32' else ' or use --dtype float32'}; {kept}")
-
-
-def catch_stop_signals():
-    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
-    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
-    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
-    stop = []
-
-    def handler(signum, frame):
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(signum)
-    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
 def lost_peer(error):

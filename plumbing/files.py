@@ -83,6 +83,14 @@ def read_json(path, what, fix):
         raise ConfigError(f"{what} {path} is not readable JSON ({' '.join(str(e).split())[:120]}); {fix}")
 
 
+def read_object(path, what, fix):
+    """The JSON object in the file at path (read_json()); ConfigError if the file holds another value."""
+    value = read_json(path, what, fix)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} {path} is not a JSON object; {fix}")
+    return value
+
+
 def json_safe(value):
     """value with every float that is not finite replaced by None, in dicts, lists and tuples too."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -109,11 +117,19 @@ def to_json(value, **kwargs):
 
 REDO = "run prepare.py again to remake the data set"
 
+# the data sets prepare.py makes by name (its --dataset, and what a hint names): the offline one, and those streamed
+# from the Hugging Face hub, as name -> (hub repo, config); all are parquet shards
+WEB_DATASETS = {
+    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # the Vertical Attention paper (and Open AttnRes)
+    "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # the skip-middle paper
+    "openwebtext": ("Skylion007/openwebtext", None),  # the SLA paper
+}
+DATASETS = ("shakespeare", *WEB_DATASETS)
+
 
 def prepare_hint(data_dir, dataset):
     """What to run for a data set that is not prepared: the command that makes it where prepare.py knows its name,
     else the nearest name (a typo) prepare.py knows or data_dir holds, else how to make one of your own files."""
-    from prepare import DATASETS  # prepare.py imports this module: read its names when they are needed
     out = "" if os.path.normpath(data_dir) == "data" else f" --out_dir {shlex.quote(data_dir)}"
     if dataset in DATASETS:
         return f"run `python prepare.py --dataset {dataset}{out}` first"
@@ -161,6 +177,13 @@ def split_tokens(data_dir, dataset, split, meta):
         raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
                           f"{REDO}")
     return n
+
+
+def open_split(data_dir, dataset, split, meta):
+    """split.bin as a read-only memmap of meta's dtype, once split_tokens() has found it a whole regular file that
+    matches meta.json (opening a FIFO would wait for a writer). Every reader of a split opens it here."""
+    split_tokens(data_dir, dataset, split, meta)
+    return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
 
 
 def write_json(path, value, schema):

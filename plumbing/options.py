@@ -17,10 +17,10 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("plumbing/options.py is a library module (every script's option parsing); run a script, "
              "e.g. `python train.py --help`")
 
-from common import SIZES, load_model_module, model_names
 from plumbing.config import OptionError, check_config, make_config
 from plumbing.errors import ConfigError
 from plumbing.files import read_meta, read_text
+from plumbing.models import load_model_module, model_names
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -60,6 +60,28 @@ class ArgumentParser(argparse.ArgumentParser):
             return self.owned[close[0][2:]]
         return f"did you mean {close[0]}?" if close else ""
 
+    def add_options(self, config_class, title, defaults=None):
+        """One --name option per field of config_class, typed, with its help text, choices and default."""
+        group = self.add_argument_group(title) if title else self
+        for f in dataclasses.fields(config_class):
+            default = (defaults or {}).get(f.name, f.default)
+            rule, kind = f.metadata, f.type
+            doc = rule.get("doc", "")
+            if rule.get("required"):  # no default to show: the option must be given
+                group.add_argument(f"--{f.name}", type=kind, required=True, default=argparse.SUPPRESS, help=doc,
+                                   metavar=kind.__name__.upper())
+                continue
+            if "choices" in rule:  # '' shown as itself, not as nothing
+                doc += f" (choices: {', '.join(str(c) if c != '' else repr(c) for c in rule['choices'])})"
+            if kind is bool:
+                group.add_argument(f"--{f.name}", type=str2bool, nargs="?", const=True, default=default, help=doc,
+                                   metavar="BOOL")
+            elif kind is tuple:  # one or more strings
+                group.add_argument(f"--{f.name}", nargs="+", default=default, help=doc, metavar="STR")
+            else:
+                group.add_argument(f"--{f.name}", type=kind, default=default, help=doc,
+                                   metavar=kind.__name__.upper())
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """--help shows the docstring as written and every option's default."""
@@ -75,38 +97,18 @@ def str2bool(s):
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
-def add_options(parser, config_class, title, defaults=None):
-    """One --name option per field of config_class, typed, with its help text, choices and default."""
-    group = parser.add_argument_group(title) if title else parser
-    for f in dataclasses.fields(config_class):
-        default = (defaults or {}).get(f.name, f.default)
-        rule, kind = f.metadata, f.type
-        doc = rule.get("doc", "")
-        if rule.get("required"):  # no default to show: the option must be given
-            group.add_argument(f"--{f.name}", type=kind, required=True, default=argparse.SUPPRESS, help=doc,
-                               metavar=kind.__name__.upper())
-            continue
-        if "choices" in rule:  # '' shown as itself, not as nothing
-            doc += f" (choices: {', '.join(str(c) if c != '' else repr(c) for c in rule['choices'])})"
-        if kind is bool:
-            group.add_argument(f"--{f.name}", type=str2bool, nargs="?", const=True, default=default, help=doc,
-                               metavar="BOOL")
-        elif kind is tuple:  # one or more strings
-            group.add_argument(f"--{f.name}", nargs="+", default=default, help=doc, metavar="STR")
-        else:
-            group.add_argument(f"--{f.name}", type=kind, default=default, help=doc, metavar=kind.__name__.upper())
-
-
 def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
-    """A training script's options: config_class (train.py's TrainConfig: with model, dataset, data_dir and size
-    fields) and the fields of the chosen model file's GPTConfig, from defaults < preset files < the command line.
-    Returns (config, model options as a dict, model module, names set explicitly); ConfigError on bad input, which
-    names prog's --help (also when another script, sweep.py, checks train.py's options) and, for an unknown option,
-    no option of owned (ArgumentParser)."""
+    """A training script's options: config_class (train.py's TrainConfig: with model, dataset and data_dir fields)
+    and the fields of the chosen model file's GPTConfig, from defaults < preset files < the command line. Returns
+    (config, model options as a dict, model module, names set explicitly); ConfigError on bad input, which names
+    prog's --help (also when another script, sweep.py, checks train.py's options) and, for an unknown option, no
+    option of owned (ArgumentParser)."""
     files, rest = split_config_files(argv)
     from_files, origin = {}, {}  # origin: where each value of a preset was set ("file line N")
     for path in files:
-        from_files.update(read_config_file(path, origin))
+        values, where = read_config_file(path)
+        from_files.update(values)
+        origin.update(where)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("model", "dataset", "data_dir"):
         pre.add_argument(f"--{name}", default=from_files.get(name, getattr(config_class, name)))
@@ -121,12 +123,12 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
             raise ConfigError(f"{e} (set in {origin[e.name]})")
     parser = ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter, model=early.model,
                             owned=owned, usage="%(prog)s [preset.py ...] [--option value ...]")
-    add_options(parser, config_class, "training", from_files)
+    parser.add_options(config_class, "training", from_files)
     try:  # --help shows the vocabulary a new run takes: the data set's, where it is prepared
         data_vocab = {"vocab_size": read_meta(early.data_dir, early.dataset)["vocab_size"]}
     except ConfigError:
         data_vocab = {}
-    add_options(parser, module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
+    parser.add_options(module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
     unknown = sorted(set(from_files) - train_fields - model_fields)
     if unknown:  # named as on the command line: the closest option, or the model file that has it
         hints = "".join(f"; {h}" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
@@ -134,10 +136,6 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
                           "sets options only (base = \"x.py\" layers it on another preset)")
     args = vars(parser.parse_args(rest))
     explicit = set(from_files) | explicit_options(rest)
-    if args["size"] in SIZES:  # the preset fills the shape fields nobody set, and the model file's own settings
-        sized = {**SIZES[args["size"]], **getattr(module, "SIZE_DEFAULTS", {}).get(args["size"], {})}
-        args.update({k: v for k, v in sized.items() if k not in explicit})
-        explicit |= set(sized)
 
     def where(name):
         return f" (set in {origin[name]})" if name in origin and name not in explicit_options(rest) else ""
@@ -165,14 +163,13 @@ def split_config_files(argv):
 PRESET_BYTES, PRESET_DEPTH, PRESET_INT_BITS = 1_000_000, 16, 64
 
 
-def read_config_file(path, origin=None, within=()):
-    """The assignments of a preset file, read and not run: every statement is one `name = literal` (a number,
-    string, bool, None, or a list, tuple or dict of them, as ast.literal_eval reads it), and anything else is
-    refused with its line number, so that a preset someone hands you runs no code, not even for --help.
-    `base = "other.py"` (a file beside it) layers the file on another preset: the base's values first, then this
-    file's. Within limits: PRESET_BYTES per file, PRESET_DEPTH presets in a base chain, integers of PRESET_INT_BITS;
-    each breach is one line naming the file (and line). origin (a dict), where given, gets where each value was
-    set: "file line N"."""
+def read_config_file(path, within=()):
+    """(the assignments of a preset file, where each was set: "file line N"), read and not run: every statement is
+    one `name = literal` (a number, string, bool, None, or a list, tuple or dict of them, as ast.literal_eval reads
+    it), and anything else is refused with its line number, so that a preset someone hands you runs no code, not
+    even for --help. `base = "other.py"` (a file beside it) layers the file on another preset: the base's values
+    first, then this file's. Within limits: PRESET_BYTES per file, PRESET_DEPTH presets in a base chain, integers of
+    PRESET_INT_BITS; each breach is one line naming the file (and line)."""
     fix = "pass a preset file of `name = value` lines, such as config/*.py"
     source = read_text(path, "the config file", fix, limit=PRESET_BYTES)
     try:
@@ -202,10 +199,8 @@ def read_config_file(path, origin=None, within=()):
         where[target.id] = f"{path} line {node.lineno}"
     base = values.pop("base", None)
     where.pop("base", None)
-    if origin is not None:
-        origin.update(where)
     if base is None:
-        return values
+        return values, where
     if not isinstance(base, str) or os.path.basename(base) != base or not base.endswith(".py"):
         raise ConfigError(f"config file {path}: base must name a preset file beside it, e.g. base = \"x.py\"")
     base = os.path.join(os.path.dirname(path), base)
@@ -214,11 +209,9 @@ def read_config_file(path, origin=None, within=()):
     if len(within) + 1 >= PRESET_DEPTH:
         raise ConfigError(f"config file {path}: its chain of base presets is more than {PRESET_DEPTH} files long; "
                           "layer fewer presets")
-    inherited = {}
-    below = read_config_file(base, inherited, (*within, os.path.abspath(path)))
-    if origin is not None:  # a value this file sets is this file's; the others, where the base set them
-        origin.update({k: v for k, v in inherited.items() if k not in where}, **where)
-    return {**below, **values}
+    below, inherited = read_config_file(base, (*within, os.path.abspath(path)))
+    # a value this file sets is this file's; the others, where the base set them
+    return {**below, **values}, {**inherited, **where}
 
 
 def explicit_options(argv):
@@ -307,7 +300,7 @@ def attach_option_values(argv, config_class):
 def parse_simple(config_class, argv, doc):
     """The options of a script without config files: its dataclass from the command line, checked."""
     parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
-    add_options(parser, config_class, None)  # under argparse's own "options:", beside --help
+    parser.add_options(config_class, None)  # under argparse's own "options:", beside --help
     argv = attach_option_values(list(argv), config_class)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}
     try:

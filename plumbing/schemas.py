@@ -28,11 +28,24 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
 from plumbing.errors import ConfigError
 
 
+class Mismatch(Exception):
+    """Where a value does not match its schema: the field (a path of keys and indices) and what was expected."""
+
+    def __init__(self, field, expected, value=None):
+        super().__init__(field, expected)
+        self.field, self.expected, self.value = field, expected, value
+
+
 @dataclasses.dataclass(frozen=True)
 class Num:
     min: float = None
     max: float = None
     integer: bool = False
+
+    def check(self, value, field):
+        if not ((type(value) is int or not self.integer and type(value) is float and math.isfinite(value))
+                and (self.min is None or value >= self.min) and (self.max is None or value <= self.max)):
+            raise Mismatch(field, expected(self), value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +54,10 @@ class OneOf:
 
     def __init__(self, *values):
         object.__setattr__(self, "values", values)
+
+    def check(self, value, field):
+        if not any(value == v and type(value) is type(v) for v in self.values):
+            raise Mismatch(field, expected(self), value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,22 +69,39 @@ class Opt:
 class Null:
     schema: object
 
+    def check(self, value, field):
+        if value is not None:
+            check(value, self.schema, field)
+
 
 @dataclasses.dataclass(frozen=True)
 class Map:
     schema: object
 
+    def check(self, value, field):
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise Mismatch(field, "an object", value)
+        for key, item in value.items():
+            check(item, self.schema, f"{field}.{key}" if field else key)
 
-Any, Scalar, Bytes = object(), object(), object()
+
+class Rule:
+    """A schema that is a test of the value: Any, Scalar, Bytes."""
+
+    def __init__(self, test, says):
+        self.test, self.says = test, says
+
+    def check(self, value, field):
+        if not self.test(value):
+            raise Mismatch(field, self.says, value)
+
+
+Any = Rule(lambda value: True, "a value")
+Scalar = Rule(lambda value: value is None or type(value) in (str, bool, int) or type(value) is float and
+              math.isfinite(value), "a string, a finite number, true, false or null")
+Bytes = Rule(lambda value: isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1,
+             "a tensor of bytes")
 Tensor = torch.Tensor
-
-
-class Mismatch(Exception):
-    """Where a value does not match its schema: the field (a path of keys and indices) and what was expected."""
-
-    def __init__(self, field, expected, value=None):
-        super().__init__(field, expected)
-        self.field, self.expected, self.value = field, expected, value
 
 
 def describe(value):
@@ -96,69 +130,37 @@ def expected(schema):
         return f"a list of {expected(schema[0])}"
     if isinstance(schema, (dict, Map)):
         return "an object"
-    if schema is Scalar:
-        return "a string, a finite number, true, false or null"
-    if schema is Bytes:
-        return "a tensor of bytes"
+    if isinstance(schema, Rule):
+        return schema.says
     return {int: "an integer", str: "a string", bool: "true or false", Tensor: "a tensor", dict: "an object"}.get(
         schema, "a value")
 
 
 def check(value, schema, field=""):
-    """Raise Mismatch at the first field of value that does not match schema."""
-    if schema is Any:
-        return
-    if schema is Bytes:
-        if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1):
-            raise Mismatch(field, expected(schema), value)
-        return
-    if schema is Scalar:
-        if not (value is None or type(value) in (str, bool, int) or type(value) is float and math.isfinite(value)):
-            raise Mismatch(field, expected(schema), value)
-        return
-    if isinstance(schema, Null):
-        if value is not None:
-            check(value, schema.schema, field)
-        return
+    """Raise Mismatch at the first field of value that does not match schema: a dict's keys and a list's items in
+    turn, a type by isinstance (an int is not a bool), any other schema by its own check()."""
     if isinstance(schema, dict):
         if not isinstance(value, dict):
             raise Mismatch(field, expected(schema), value)
         for key in value.keys() - schema.keys() if ... in schema else ():
             check(value[key], schema[...], f"{field}.{key}" if field else str(key))
         for key, sub in schema.items():
-            if key is ...:
-                continue
             optional = isinstance(sub, Opt)
-            if key not in value:
-                if not optional:
-                    raise Mismatch(f"{field}.{key}" if field else key, "present")
+            if key is ... or optional and key not in value:
                 continue
+            if key not in value:
+                raise Mismatch(f"{field}.{key}" if field else key, "present")
             check(value[key], sub.schema if optional else sub, f"{field}.{key}" if field else key)
-        return
-    if isinstance(schema, Map):
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise Mismatch(field, "an object", value)
-        for key, item in value.items():
-            check(item, schema.schema, f"{field}.{key}" if field else key)
-        return
-    if isinstance(schema, list):
+    elif isinstance(schema, list):
         if not isinstance(value, (list, tuple)):
             raise Mismatch(field, expected(schema), value)
         for i, item in enumerate(value):
             check(item, schema[0], f"{field}[{i}]")
-        return
-    if isinstance(schema, OneOf):
-        if not any(value == v and type(value) is type(v) for v in schema.values):
+    elif isinstance(schema, type):
+        if not (isinstance(value, schema) and (schema is not int or type(value) is int)):
             raise Mismatch(field, expected(schema), value)
-        return
-    if isinstance(schema, Num):
-        ok = (type(value) is int or not schema.integer and type(value) is float and math.isfinite(value)) and (
-            schema.min is None or value >= schema.min) and (schema.max is None or value <= schema.max)
-        if not ok:
-            raise Mismatch(field, expected(schema), value)
-        return
-    if not (isinstance(value, schema) and (schema is not int or type(value) is int)):
-        raise Mismatch(field, expected(schema), value)
+    else:
+        schema.check(value, field)
 
 
 def checked(value, schema, path, fix):
@@ -184,7 +186,7 @@ META = {"tokenizer": str, "vocab_size": COUNT, "dtype": OneOf("uint16", "uint32"
 
 # train.py's ckpt.pt: the fields the scripts read; a checkpoint of an older version lacks some (a reader names the
 # ones it needs), one of a newer version may hold more (tolerated). model_args and the weights are checked against the
-# model file apart (plumbing/checkpoints.py's check_model), since they depend on it.
+# model file apart (plumbing/checkpoints.py's checked_model_weights), since they depend on it.
 CHECKPOINT = {
     "model_name": str,
     "model_args": {name: Any for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",

@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-import common
+from plumbing.models import model_names
 from conftest import ROOT
 from tools import tables
 
@@ -61,7 +61,7 @@ def options_of(script, argv):
     model file where it names a placeholder such as NAME)."""
     module = importlib.import_module(script[:-3].replace("/", "."))
     model = argv[argv.index("--model") + 1] if "--model" in argv else None
-    models = [model] if model in common.model_names() else common.model_names() if model else [None]
+    models = [model] if model in model_names() else model_names() if model else [None]
     known = set()
     for name in models:
         with quiet() as out, pytest.raises(SystemExit):

@@ -14,6 +14,8 @@ import train
 from conftest import ROOT, model_names
 from test_scripts import TINY, one_line_error
 
+from analysis import depth_map
+from analysis import scoring
 evalpy = importlib.import_module("eval")
 HAS_VERTICAL = os.path.exists(os.path.join(ROOT, "model_vertical.py"))
 # a higher learning rate without warm-up, so that 20 steps learn which bytes English text uses
@@ -65,9 +67,9 @@ def test_depth_map_table_of_every_model_file(name):
                               ffn_hidden=64)
     model = module.GPT(config).eval()
     data = np.random.default_rng(0).integers(0, 256, 100).astype(np.uint16)
-    m = evalpy.read_depth_map(model, name, data, 16, 2, "cpu", nullcontext())
+    m = depth_map.read_depth_map(model, name, data, 16, 2, "cpu", nullcontext())
     assert m.dim() == 2 and torch.isfinite(m).all() and (m >= 0).all() and (m <= 1 + 1e-5).all()
-    lines = evalpy.format_depth_map(m, config.n_layer)
+    lines = depth_map.format_depth_map(m, config.n_layer)
     assert len(lines) == m.size(0) + 1
     printed = [[float(v) for v in line.split("|")[1].split()] for line in lines[1:]]
     assert np.allclose(printed, m.numpy(), atol=0.005)
@@ -93,24 +95,24 @@ def test_logit_lens_of_two_checkpoints(runs, tmp_path, script):
 
 def test_mc_normalises_every_format():
     own = {"context": "ROMEO:\nO", "choices": ["Romeo", "zq#xj"], "label": 0}
-    assert evalpy.normalise_mc(own) == ("ROMEO:\nO", ["Romeo", "zq#xj"], 0)
+    assert scoring.normalise_mc(own) == ("ROMEO:\nO", ["Romeo", "zq#xj"], 0)
     hellaswag = {"activity_label": "Baking cookies", "ctx_a": "A woman puts dough on a tray.", "ctx_b": "she",
                  "ctx": "A woman puts dough on a tray. she", "endings": ["bakes it.", "eats [header] the tray."],
                  "label": "0"}
-    assert evalpy.normalise_mc(hellaswag) == ("Baking cookies: A woman puts dough on a tray. She",
+    assert scoring.normalise_mc(hellaswag) == ("Baking cookies: A woman puts dough on a tray. She",
                                               ["bakes it.", "eats the tray."], 0)
     arc = {"question": "Which is a gas?", "choices": {"text": ["ice", "steam", "rock"], "label": ["A", "B", "C"]},
            "answerKey": "B"}
-    assert evalpy.normalise_mc(arc) == ("Question: Which is a gas?\nAnswer:", ["ice", "steam", "rock"], 1)
+    assert scoring.normalise_mc(arc) == ("Question: Which is a gas?\nAnswer:", ["ice", "steam", "rock"], 1)
     arc_original = {"question": {"stem": "Which is a gas?", "choices": [{"text": "ice", "label": "1"},
                                                                        {"text": "steam", "label": "2"}]},
                     "answerKey": "2"}
-    assert evalpy.normalise_mc(arc_original) == ("Question: Which is a gas?\nAnswer:", ["ice", "steam"], 1)
+    assert scoring.normalise_mc(arc_original) == ("Question: Which is a gas?\nAnswer:", ["ice", "steam"], 1)
     piqa = {"goal": "Open a jar", "sol1": "twist the lid", "sol2": "eat the lid", "label": 0}
-    assert evalpy.normalise_mc(piqa) == ("Question: Open a jar\nAnswer:", ["twist the lid", "eat the lid"], 0)
+    assert scoring.normalise_mc(piqa) == ("Question: Open a jar\nAnswer:", ["twist the lid", "eat the lid"], 0)
     for bad in ({"text": "no format"}, {**own, "label": 2}, {**own, "choices": ["one"]}):
         with pytest.raises(ValueError):
-            evalpy.normalise_mc(bad)
+            scoring.normalise_mc(bad)
 
 
 def shakespeare_mc(path):
@@ -150,6 +152,6 @@ def test_lm_eval_missing(runs, script):
 def test_rolling_windows_score_every_token_once():
     ids = list(range(100, 170))
     for block_size in (8, 32, 100):
-        pairs = evalpy.rolling_pairs(ids, 256, block_size)
+        pairs = scoring.rolling_pairs(ids, 256, block_size)
         assert sum((k for _, k in pairs), []) == ids
         assert all(c and len(c) + len(k) <= block_size + 1 for c, k in pairs)

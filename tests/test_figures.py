@@ -14,6 +14,9 @@ from test_scripts import TINY, one_line_error
 import train
 from train import ConfigError
 
+from analysis import curves
+from analysis import depth_map
+from analysis import figures
 evalpy = importlib.import_module("eval")
 SHAPE = dict(n_layer=4, n_head=2, n_kv_head=1, n_embd=32, ffn_hidden=64, block_size=16)
 
@@ -28,7 +31,7 @@ def test_matplotlib_is_a_default_dependency():
 @pytest.fixture(scope="module")
 def plt():
     pytest.importorskip("matplotlib", reason="matplotlib is in requirements.txt: pip install -r requirements.txt")
-    return evalpy.import_pyplot()
+    return figures.import_pyplot()
 
 
 def blank_cells(ax):
@@ -44,8 +47,8 @@ def depth_map_figure(plt, name, tmp_path, model=None, **overrides):
     model = model or module.GPT(config).eval()
     with torch.no_grad():
         m = model.depth_map(torch.randint(0, 256, (2, 16))).detach().float().cpu()
-    layout = evalpy.depth_map_layout(model, name, m)
-    fig = evalpy.plot_depth_map(plt, m, config.n_layer, layout, f"out/{name}, step 7: model_{name}.py depth map",
+    layout = depth_map.depth_map_layout(model, name, m)
+    fig = depth_map.plot_depth_map(plt, m, config.n_layer, layout, f"out/{name}, step 7: model_{name}.py depth map",
                                 tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").stat().st_size > 0
     return model, m, layout, fig
@@ -76,10 +79,10 @@ def test_a_learned_map_gets_no_warning(plt, tmp_path):
     with torch.no_grad():
         model.va_scores.normal_()  # a map that has moved
     _, m, layout, fig = depth_map_figure(plt, "vertical", tmp_path, model=model)
-    assert not evalpy.at_uniform_start(m, layout) and fig.get_suptitle() == ""
+    assert not depth_map.at_uniform_start(m, layout) and fig.get_suptitle() == ""
     m = torch.tensor([[1.0, 0, 0], [0.5005, 0.4995, 0], [1 / 3, 1 / 3, 1 / 3]])  # within 1e-3 of the start
-    assert evalpy.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=True))
-    assert not evalpy.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=False))
+    assert depth_map.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=True))
+    assert not depth_map.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=False))
 
 
 @pytest.mark.parametrize("name,overrides", [("skiplayer", {}), ("attnres", {}), ("attnres", {"attn_res": "full"}),
@@ -134,10 +137,10 @@ def test_curves_of_two_runs(plt, runs, tmp_path, capsys):
     assert png.stat().st_size > 0 and lines[-1] == f"curves: {png}"
     for name, line in zip(("vanilla", "vertical"), lines):  # one line per run: steps, tokens, last val loss
         assert line.startswith(f"{name}: 20 steps (2,560 tokens), last val loss ") and "(step 20)" in line
-    logs = [evalpy.read_run_log(runs[n]) for n in ("vanilla", "vertical")]
+    logs = [curves.read_run_log(runs[n]) for n in ("vanilla", "vertical")]
     for r, name in zip(logs, ("vanilla", "vertical")):
         r["label"] = name
-    fig = evalpy.plot_curves(plt, logs, tmp_path / "again.png")
+    fig = curves.plot_curves(plt, logs, tmp_path / "again.png")
     ax = fig.axes[0]
     assert ax.get_xlabel() == "tokens seen" and "loss" in ax.get_ylabel()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
@@ -158,9 +161,9 @@ def test_curves_default_path_and_steps_without_a_checkpoint(plt, tmp_path, capsy
     out = capsys.readouterr().out
     assert "logs_only: 10 steps, last val loss 2.9000 (step 10), last training loss 3.0000" in out
     assert (run_dir / "curves.png").stat().st_size > 0
-    r = evalpy.read_run_log(str(run_dir))
+    r = curves.read_run_log(str(run_dir))
     r["label"] = "logs_only"
-    assert evalpy.plot_curves(plt, [r], tmp_path / "x.png").axes[0].get_xlabel().startswith("step")
+    assert curves.plot_curves(plt, [r], tmp_path / "x.png").axes[0].get_xlabel().startswith("step")
     (run_dir / "curves.png").unlink()
     evalpy.main(["--curves", str(run_dir), "--plot", "false"])  # the line per run, and no figure
     assert "logs_only: 10 steps" in capsys.readouterr().out and not (run_dir / "curves.png").exists()

@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers", reason="tests/test_hf.py comp
                                    "pip install -r requirements-eval.txt")
 pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
-from common import load_model_module, model_from_checkpoint
+from common import hf_tokenizer, model_from_checkpoint
+from plumbing.models import load_model_module
 from hf import convert, export
 from plumbing.checkpoints import split_fused
 from plumbing.files import read_meta
@@ -304,7 +305,7 @@ def test_hf_tokenizer_from_prepare_to_sample_and_export(tmp_path, capsys):
     eot = tok.token_to_id("<|endoftext|>")
     assert meta["tokenizer"] == f"hf:{os.path.abspath(folder)}" and meta["vocab_size"] == tok.get_vocab_size()
     assert meta["eot_token"] == eot
-    encode, decode, _, _ = convert.get_tokenizer(str(folder))
+    encode, decode, _, _ = hf_tokenizer(str(folder))
     # one document: train holds its first tokens, val the last ones and the end-of-text token
     tokens = np.concatenate([np.fromfile(data / "some" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
     assert tokens[-1] == eot and decode(tokens[:-1].tolist()) == TEXT * 40

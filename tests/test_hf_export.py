@@ -20,12 +20,12 @@ transformers = pytest.importorskip("transformers", reason="the exported folders 
                                    "pip install -r requirements-eval.txt")
 pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
-from common import model_from_checkpoint
+from common import decode_bytes, encode_bytes, get_tokenizer, model_from_checkpoint
 from hf import convert, export
 import train
 from conftest import ROOT, model_cases, run_script
 from generate import generate
-from prepare import decode_bytes, encode_bytes
+
 from test_errors import assert_one_error_line
 
 TINY = ["--n_layer=4", "--n_head=4", "--n_kv_head=2", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
@@ -347,7 +347,7 @@ def test_lm_eval_hf_model_type_agrees_with_eval_py_at_any_batch_size(name, token
     assert results[1]["shakespeare_mc acc_norm"] == pytest.approx(ours["acc_norm,none"], abs=1e-12)
     # each continuation: generate.py's greedy tokens after the context (its last 32 - 8 tokens), up to a newline
     model, _, ckpt = model_from_checkpoint(str(run))
-    encode, decode, _, eot = prepare.get_tokenizer(ckpt["meta"]["tokenizer"])
+    encode, decode, _, eot = get_tokenizer(ckpt["meta"]["tokenizer"])
     for context, response in responses[1].items():
         ids = encode(context)[-24:]
         new = generate(model.eval(), torch.tensor([ids]), 8, temperature=0)[0, len(ids):].tolist()

@@ -20,6 +20,9 @@ from test_scripts import TINY
 pytestmark = [pytest.mark.extras, pytest.mark.skipif(
     importlib.util.find_spec("lm_eval") is None,
     reason="lm-evaluation-harness is not installed: pip install -r requirements-eval.txt")]
+from analysis import scoring
+from common import model_from_checkpoint
+from common import get_tokenizer
 evalpy = importlib.import_module("eval")
 TASKS = os.path.join(ROOT, "tests", "lm_eval_tasks")
 # no Hugging Face hub, and a proxy that refuses whatever else would go out
@@ -44,13 +47,13 @@ def run_dir(data_dir, tmp_path_factory):
 def adapter(run_dir, monkeypatch):
     for k, v in OFFLINE.items():
         monkeypatch.setenv(k, v)
-    model, _, ckpt = evalpy.model_from_checkpoint(run_dir)
+    model, _, ckpt = model_from_checkpoint(run_dir)
     model.eval()
-    encode, _, _, eot = evalpy.get_tokenizer(ckpt["meta"]["tokenizer"])
+    encode, _, _, eot = get_tokenizer(ckpt["meta"]["tokenizer"])
     T, threads = ckpt["model_args"]["block_size"], torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield evalpy.make_lm_eval_adapter(model, encode, eot, T, 4, "cpu", nullcontext()), model, encode, eot, T
+        yield scoring.make_lm_eval_adapter(model, encode, eot, T, 4, "cpu", nullcontext()), model, encode, eot, T
     finally:
         torch.set_num_threads(threads)
 
@@ -79,8 +82,8 @@ def test_simple_evaluate_agrees_with_eval_py(run_dir, monkeypatch, capsys):
         assert harness["acc_norm,none"] == pytest.approx(mc["acc_norm"], abs=1e-12)
         assert 0 < mc["acc_norm"] < 1 and mc["acc_norm"] != mc["acc"]
 
-        model, _, ckpt = evalpy.model_from_checkpoint(run_dir)
-        encode, _, _, eot = evalpy.get_tokenizer(ckpt["meta"]["tokenizer"])
+        model, _, ckpt = model_from_checkpoint(run_dir)
+        encode, _, _, eot = get_tokenizer(ckpt["meta"]["tokenizer"])
         T, nll, n = ckpt["model_args"]["block_size"], 0.0, 0
         with open(os.path.join(TASKS, "shakespeare_text.jsonl"), encoding="utf-8") as f:
             docs = [json.loads(line)["text"] for line in f]
@@ -105,7 +108,7 @@ def test_rolling_windows_are_lm_evals():
         ids = list(range(100, 100 + n))
         for block_size in (1, 8, 32, 100):
             theirs = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, 256, block_size, 1)]
-            assert evalpy.rolling_pairs(ids, 256, block_size) == [(list(c), list(k)) for c, k in theirs]
+            assert scoring.rolling_pairs(ids, 256, block_size) == [(list(c), list(k)) for c, k in theirs]
 
 
 def test_loglikelihood_is_a_forward_pass(adapter):

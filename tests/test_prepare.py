@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import prepare
+from common import decode_bytes, get_tokenizer
 from conftest import ROOT
 from plumbing.errors import ConfigError
 
@@ -57,9 +58,9 @@ def test_plays_are_documents_separated_by_eot(shakespeare, plays):
     ids = np.concatenate([splits["train"], splits["val"]])
     assert len(plays) == 38 and (ids == 256).sum() == len(plays) and ids[-1] == 256
     # the byte tokenizer round-trips: the files decode back to the plays' text
-    assert prepare.decode_bytes(ids.tolist()) == "".join(plays)
+    assert decode_bytes(ids.tolist()) == "".join(plays)
     ends = np.flatnonzero(ids == 256)
-    assert prepare.decode_bytes(ids[ends[0] + 1:ends[1]].tolist()) == plays[1]
+    assert decode_bytes(ids[ends[0] + 1:ends[1]].tolist()) == plays[1]
 
 
 def test_plays_are_clean_text(plays):
@@ -79,7 +80,7 @@ def test_play_to_text_on_each_markdown_form():
 
 
 def test_byte_tokenizer():
-    encode, decode, vocab_size, eot = prepare.get_tokenizer("byte")
+    encode, decode, vocab_size, eot = get_tokenizer("byte")
     text = "O Romeo, Romeo! é ∑"
     assert (vocab_size, eot) == (257, 256) and decode(encode(text)) == text
     assert decode(encode("ab") + [eot] + encode("c")) == "abc"  # the end-of-text id is skipped
@@ -99,7 +100,7 @@ def test_local_txt_and_jsonl_files(tmp_path):
     assert meta["dataset"] == "notes.txt, web.jsonl" and meta["val_tokens"] > 0
     ids = np.concatenate([splits["train"], splits["val"]]).tolist()
     assert ids.count(256) == 3  # the .txt file is one document, each non-empty row another
-    assert prepare.decode_bytes(ids) == notes + "doc one" + "doc two é"
+    assert decode_bytes(ids) == notes + "doc one" + "doc two é"
     assert meta["train_tokens"] + meta["val_tokens"] == len(ids) == len((notes + "doc onedoc two é").encode()) + 3
 
 

@@ -179,7 +179,7 @@ def test_a_recipe_trains_through_train_py(data_dir, tmp_path):
 
 def test_a_size_preset_layers_on_its_recipe(tmp_path):
     """base = "x.py" reads the preset beside it first: a size's file holds only what differs; a loop is refused."""
-    read = lambda name: read_config_file(os.path.join(ROOT, "config", name))  # noqa: E731
+    read = lambda name: read_config_file(os.path.join(ROOT, "config", name))[0]  # noqa: E731
     assert read("fineweb_edu_100m.py") == {**read("fineweb_edu_50m.py"), "size": "100m"}
     large, small = read("openwebtext_gpt2_large.py"), read("openwebtext_gpt2_small.py")
     assert large["n_layer"] == 36 and large["max_iters"] == small["max_iters"] and "base" not in large
@@ -188,4 +188,4 @@ def test_a_size_preset_layers_on_its_recipe(tmp_path):
     with pytest.raises(ConfigError, match="leads back to it"):
         read_config_file(str(tmp_path / "a.py"))
     (tmp_path / "b.py").write_text('max_iters = 7\nbatch_size = 3\n')
-    assert read_config_file(str(tmp_path / "a.py")) == {"max_iters": 5, "batch_size": 3}
+    assert read_config_file(str(tmp_path / "a.py"))[0] == {"max_iters": 5, "batch_size": 3}

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import ROOT, run_script
 
+from analysis import wiring
 evalpy = importlib.import_module("eval")
 
 
@@ -14,7 +15,7 @@ evalpy = importlib.import_module("eval")
 def panels():
     """The figure's panels exactly as `eval.py --wiring` draws them, by caption."""
     args = evalpy.parse_args(["--wiring"])
-    return {caption: (gains, rows, cols) for caption, gains, rows, cols in evalpy.wiring_panels(args)}
+    return {caption: (gains, rows, cols) for caption, gains, rows, cols in wiring.wiring_panels(args)}
 
 
 def chain(L):
@@ -63,13 +64,13 @@ def expected(caption, L, H, skip_layers):
 
 
 def test_the_figure_draws_every_model_file_and_the_variants_its_paper_compares(panels):
-    names = {name for name, _, _ in evalpy.WIRINGS}
+    names = {name for name, _, _ in wiring.WIRINGS}
     model_files = {os.path.basename(p)[6:-3] for p in os.listdir(ROOT) if p.startswith("model_") and p.endswith(".py")}
     assert names == model_files
-    assert len(panels) == len(evalpy.WIRINGS) == 12
+    assert len(panels) == len(wiring.WIRINGS) == 12
 
 
-@pytest.mark.parametrize("caption", [c for _, _, c in evalpy.WIRINGS])
+@pytest.mark.parametrize("caption", [c for _, _, c in wiring.WIRINGS])
 def test_each_panel_reads_what_its_paper_states(panels, caption):
     gains, rows, cols = panels[caption]
     L, H = 6, 4  # the model files' default shape, which the figure draws

@@ -29,13 +29,14 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.bench`")
 
-from common import (DTYPES, SIZES, autocast, load_model_module, model_from_checkpoint, open_split, peak_flops,
+from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, model_from_checkpoint, peak_flops,
                     resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
 from plumbing.checkpoints import checkpoint_path
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import read_json, regular_file, write_json
+from plumbing.files import open_split, read_json, regular_file, write_json
+from plumbing.models import build_model, load_model_module
 from plumbing.options import parse_simple
 from plumbing.schemas import BENCH, BENCH_DECODE, checked
 from tools.tables import command_line, hardware_name, update_readme
@@ -125,9 +126,9 @@ class Training:
     seconds of --iters of them."""
 
     def __init__(self, module, shape, args, device, ctx):
-        self.config = module.GPTConfig(**shape)
         torch.manual_seed(0)
-        self.model = module.GPT(self.config).to(device)
+        self.model = build_model(module, shape).to(device)
+        self.config = self.model.config
         self.optimizer = torch.optim.AdamW(self.model.param_groups(0.1), lr=1e-4)
         self.step_model = torch.compile(self.model) if args.compile else self.model
         self.x = torch.randint(0, self.config.vocab_size, (args.batch_size, args.block_size), device=device)
@@ -185,11 +186,6 @@ def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
             "skip_time_ratio": skipping / dense, "est_flops_ratio": est_flops_ratio}
 
 
-def check_close_gates(first, gates):
-    if not 0 <= first < gates:
-        raise ConfigError(f"--close_gates must be between 0 and {gates - 1} for {gates} gates")
-
-
 def check_gated(wanted, shape, args):
     """--close_gates against the gates of every wanted model that has them, before anything is measured: each model
     is built on the meta device (shapes only, no memory)."""
@@ -197,20 +193,9 @@ def check_gated(wanted, shape, args):
         if label in wanted:
             module = load_model_module(name)
             with torch.device("meta"):
-                gates = getattr(module.GPT(module.GPTConfig(**shape, **overrides)), "gates", None)
+                gates = getattr(build_model(module, {**shape, **overrides}), "gates", None)
             if gates:
                 check_close_gates(args.close_gates, len(gates))
-
-
-def close_gates(model, first):
-    """Every token's gate 0 from gate `first` on: a bias of 2 there puts the soft mask S (eq. 1) at 2 >= 1 for it
-    and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first to L-1-first."""
-    check_close_gates(first, len(model.gates))
-    with torch.no_grad():
-        for gate in model.gates:
-            gate.weight.zero_()
-            gate.bias.zero_()
-        model.gates[first].bias.fill_(2.0)
 
 
 def checkpoint_generation(args, device, ctx):
@@ -457,7 +442,7 @@ def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
             continue
         module = load_model_module(name)
         torch.manual_seed(0)
-        model = module.GPT(module.GPTConfig(**shape, **overrides)).to(device).eval()
+        model = build_model(module, {**shape, **overrides}).to(device).eval()
         variants = {label: {}}
         if hasattr(module.GPT, "inference") and getattr(model, "gates", None):
             variants = {label: dict(skip=True), f"{label} (skip=False)": dict(skip=False)}

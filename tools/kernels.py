@@ -41,11 +41,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.kernels`")
 
-from common import autocast, load_model_module, model_names, resolve_device
+from common import autocast, resolve_device
 from generate import cache_for, compile_decode_step, decode_step, inference
-from plumbing.config import checked_model, option
+from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
 from plumbing.files import read_json, write_json
+from plumbing.models import build_model, load_model_module, model_names
 from plumbing.options import explicit_options, parse_simple, without
 from plumbing.schemas import KERNELS, checked
 from tools.bench import RUNS
@@ -307,9 +308,9 @@ def counted(args, argv, device):
     for label, name, overrides in args.labels:
         torch.manual_seed(0)  # each row's random model and tokens, whichever rows are counted before it
         module = load_model_module(name)
-        model = checked_model(module, {**{k: getattr(args, k) for k in MODEL_SHAPE}, "block_size": args.block_size,
-                                     **overrides},
-                            "the shape options: choose a shape every model file takes, such as the default").to(device)
+        shape = {**{k: getattr(args, k) for k in MODEL_SHAPE}, "block_size": args.block_size, **overrides}
+        model = build_model(module, shape, "the shape options: choose a shape every model file takes, such as the "
+                            "default").to(device)
         train = training_step(model, args.batch_size, args.block_size, args.vocab_size, device, args.compiled)
         step = decode(model, args.block_size, args.vocab_size, device, compiled=args.compiled)
         rows[label] = {"train": sum(train.values()), "decode": sum(step.values()),

@@ -45,16 +45,18 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
-from tools.bench import RUNS
-from common import DTYPES, load_model_module, model_from_checkpoint, open_split, SIZES
+from analysis.figures import import_pyplot
+from common import DTYPES, SIZES, model_from_checkpoint
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
 from plumbing.errors import ConfigError, Interrupted, main_boundary
-from plumbing.files import parse_json, read_json, read_meta, read_text, write_json
+from plumbing.files import open_split, parse_json, read_json, read_meta, read_text, write_json
+from plumbing.models import load_model_module
 from plumbing.options import parse_model_options, parse_simple
 from plumbing.schemas import SWEEP, checked
+from tools.bench import RUNS
 from tools.tables import hardware_name, update_readme
-from eval import evaluate_split, import_pyplot
+from eval import evaluate_split
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
 

@@ -1,0 +1,113 @@
+"""
+eval.py --curves: the training and validation loss of runs side by side, from their log.jsonl (no checkpoint is
+evaluated), one colour per run, against the tokens each has seen.
+"""
+import os
+
+from analysis.figures import pyplot_for, run_folder
+from plumbing.checkpoints import read_checkpoint
+from plumbing.errors import ConfigError
+from plumbing.files import parse_json, read_text
+from plumbing.options import check_output
+from plumbing.schemas import LOG_RECORD, Mismatch, check
+
+def read_run_log(run):
+    """A run folder's log.jsonl as {"folder", "train": [(step, tokens, loss)], "val": [(step, tokens, val_loss)]}:
+    tokens is the count the record holds, or for a log of an older train.py step x the tokens per step its
+    ckpt.pt records (None where there is no readable checkpoint). A last line cut short (train.py still writing
+    it, or killed while it did) is left out; any other line that is not a record of train.py (LOG_RECORD) is a
+    ConfigError."""
+    folder = run_folder(run)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--curves: no run folder {run}; pass folders that train.py wrote (its --out_dir)")
+    path = os.path.join(folder, "log.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--curves: {folder} has no log.jsonl; train.py writes one in every --out_dir it trains")
+    lines = read_text(path, "--curves: the log", "train the run again, or leave it out").split("\n")
+    train, val, per_step = [], [], None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = parse_json(line)
+            check(record, LOG_RECORD)
+        except (ValueError, Mismatch) as e:
+            if n == len(lines):  # no newline after it: cut short while it was written
+                break
+            reason = f"its {e.field} is not {e.expected}" if isinstance(e, Mismatch) else str(e)[:80]
+            raise ConfigError(f"--curves: {path} line {n} is not a record of train.py ({reason}); delete the line "
+                              "or train the run again")
+        tokens = record.get("tokens")
+        if tokens is None:  # a log of an older train.py: its steps at the tokens per step the checkpoint records
+            per_step = per_step or tokens_per_step(folder) or 0
+            tokens = record["iter"] * per_step or None
+        for key, points in (("loss", train), ("val_loss", val)):
+            if key in record:
+                points.append((record["iter"], tokens, record[key]))
+    if not train and not val:
+        raise ConfigError(f"--curves: {path} holds no loss yet; train.py logs one every --log_interval steps")
+    return {"folder": folder, "train": train, "val": val}
+
+
+def tokens_per_step(folder):
+    """The tokens of one optimiser step (all processes and micro-steps), as the run's ckpt.pt records them
+    (memory-mapped: the weights are not read), or None where there is no readable checkpoint."""
+    path = os.path.join(folder, "ckpt.pt")
+    if not os.path.isfile(path):
+        return None
+    try:
+        return read_checkpoint(path, ("model_name", "run"), mmap=True)["run"].get("tokens_per_step")
+    except ConfigError:  # another version's or a damaged one: plot against steps
+        return None
+
+
+
+def plot_curves(plt, runs, path):
+    """The training loss (thin line) and validation loss (dots) of every run, one colour per run, against tokens
+    seen as the logs record them, or against steps where a run's tokens are unknown. Returns the (closed) figure."""
+    tokens = all(t is not None for r in runs for _, t, _ in r["train"] + r["val"])
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colours = plt.get_cmap("tab10").colors
+    for i, r in enumerate(runs):
+        colour = colours[i % 10]
+        for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6), "training loss"),
+                                     (r["val"], dict(marker="o", linewidth=2, markersize=4), "validation loss")):
+            if points:
+                ax.plot([t if tokens else s for s, t, _ in points], [v for _, _, v in points], color=colour,
+                        label=f"{r['label']}: {label}", **style)
+    ax.set(xlabel="tokens seen" if tokens else "step (tokens unknown: a log of an older train.py, no readable ckpt.pt)",
+           ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return fig
+
+
+def curves(args):
+    """--curves: the runs' curves in one PNG and one line per run."""
+    if args.plot != "false" and not args.plot_path:  # the figure's path, before any log is read
+        check_output("--curves", os.path.join(args.curves[0], "curves.png"), "file")
+    runs = [read_run_log(run) for run in args.curves]
+    names = [os.path.basename(os.path.abspath(r["folder"])) for r in runs]
+    for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name
+        r["label"] = name if names.count(name) == 1 else os.path.normpath(r["folder"])
+    for r in runs:
+        steps, tokens, _ = max(r["train"] + r["val"], key=lambda p: p[0])
+        line = f"{r['label']}: {steps:,} steps"
+        if tokens is not None:
+            line += f" ({tokens:,} tokens)"
+        if r["val"]:
+            line += f", last val loss {r['val'][-1][2]:.4f} (step {r['val'][-1][0]:,})"
+        if r["train"]:
+            line += f", last training loss {r['train'][-1][2]:.4f}"
+        print(line)
+    plt = pyplot_for(args.plot)
+    if plt is None:
+        if args.plot == "auto":
+            print("note: PNG skipped, matplotlib is not installed (pip install matplotlib)")
+        return
+    path = args.plot_path or os.path.join(runs[0]["folder"], "curves.png")
+    plot_curves(plt, runs, path)
+    print(f"curves: {path}")
