@@ -45,7 +45,7 @@ from analysis.wiring import draw_wiring
 from common import DTYPES, autocast, describe_run, get_tokenizer, model_from_checkpoint, resolve_device, resolve_dtype
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import has_nonfinite, open_split, read_meta, to_json
+from plumbing.files import has_nonfinite, open_split, read_meta, to_json, written
 from plumbing.options import check_output, parse_simple
 
 
@@ -139,7 +139,8 @@ def plot_logit_lens(plt, results, path):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
 
 
@@ -168,7 +169,7 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
         if meta["tokenizer"] != ckpt["meta"]["tokenizer"]:
             raise ConfigError(f"data set {dataset} uses the {meta['tokenizer']} tokenizer but the model was trained "
                               f"with {ckpt['meta']['tokenizer']}; choose a data set prepared with that tokenizer")
-        data = open_split(data_dir, dataset, args.split, meta)
+        data = open_split(data_dir, dataset, args.split, meta, model.config.vocab_size)
         if args.tokens:
             data = data[:args.tokens + 1]
         if len(data) < 2:

@@ -24,6 +24,7 @@ import math
 import os
 import signal
 import time
+import types
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ from hf import convert
 from plumbing import checks
 from plumbing.config import option
 from plumbing.errors import ConfigError, diverged, main_boundary, note, stopped
-from plumbing.files import open_split, read_meta, save_checkpoint, to_json
+from plumbing.files import read_meta, save_checkpoint, to_json
 from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
 
@@ -109,8 +110,8 @@ class Data:
     """The prepared data set's two splits, memory-mapped once per run (the pages read are the file system's cache,
     which the OS takes back when it needs them), and the batches read from them."""
 
-    def __init__(self, cfg, meta):
-        self.splits = {s: open_split(cfg.data_dir, cfg.dataset, s, meta) for s in ("train", "val")}
+    def __init__(self, splits):
+        self.splits = splits  # {"train": memmap, "val": memmap}, checked (plumbing/checks.py's read_splits)
 
     def batch(self, split, offsets, T, device):
         """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens that start at offsets, as inputs and
@@ -359,22 +360,34 @@ def new_model_args(cfg, module, model_args, explicit, meta):
         model_args = convert.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
     elif "vocab_size" not in explicit:  # every token id of the data set, as its meta.json says
         model_args = {**model_args, "vocab_size": meta["vocab_size"]}
-    checks.check_new_model(model_args, meta)
     return model_args
 
 
+# what a resumed run may change of the saved one, said in a note: its data, its optimiser and schedule, seed, dtype
+CHANGES = ("dataset", "data_dir", "learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
+           "decay_lr", "warmup_iters", "min_lr", "warmup_start", "seed", "dtype", "eval_iters")
+
+
 def resumed(cfg, proc, explicit, ckpt):
-    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one, each with a note where
-    it keeps what the options would change."""
-    saved, run = ckpt.get("train_config") or {}, ckpt.get("run") or {}
+    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one: what it keeps, with a note
+    where the options would change that, and a note of what the options change."""
+    saved, run, step = ckpt.get("train_config") or {}, ckpt.get("run") or {}, ckpt["iter_num"]
     # the schedule's horizon once its cosine has begun: with --lr_decay_iters 0 it would follow a new --max_iters,
     # and the decayed learning rate would jump (a run saved in its warm-up takes the new one: it did not decay yet)
     horizon = saved.get("lr_decay_iters") or saved.get("max_iters")
     if (cfg.decay_lr and saved.get("decay_lr", True) and "lr_decay_iters" not in explicit and type(horizon) is int
-            and horizon != (cfg.lr_decay_iters or cfg.max_iters) and ckpt["iter_num"] > cfg.warmup_iters):
+            and horizon != (cfg.lr_decay_iters or cfg.max_iters) and step > cfg.warmup_iters):
         cfg = dataclasses.replace(cfg, lr_decay_iters=horizon)  # which the next checkpoint saves again
         note(f"the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as saved, not "
              f"at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step")
+    changed = {k: saved[k] for k in CHANGES if k in saved and saved[k] != getattr(cfg, k)}
+    if changed:  # and the learning rate of the resumed step, where the saved run's schedule gives another
+        was = types.SimpleNamespace(**{**dataclasses.asdict(cfg), **changed, "lr_decay_iters": horizon or 0})
+        lr_now, lr_was = cfg.learning_rate * lr_factor(step, cfg), was.learning_rate * lr_factor(step, was)
+        note("the run resumes with options other than it saved: " + ", ".join(
+            f"--{k} {getattr(cfg, k)} (saved: {v})" for k, v in changed.items()) + (
+            f"; its learning rate at step {step} is {lr_now:.3g}, the saved run's {lr_was:.3g}" if lr_now != lr_was
+            else ""))
     # the global batch it was saved with, shared by this run's processes, so that it reads the windows the
     # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
     accum, steps = proc.accum, run.get("gradient_accumulation_steps")
@@ -385,10 +398,10 @@ def resumed(cfg, proc, explicit, ckpt):
              f"optimiser step, {accum} per process")
     # the token count goes on from the saved one (an older checkpoint's: its steps at its tokens per step)
     per_step, was = proc.world * accum * cfg.batch_size * ckpt["model_args"]["block_size"], run.get("tokens_per_step")
-    tokens = ckpt.get("tokens_seen", ckpt["iter_num"] * (was or per_step))
+    tokens = ckpt.get("tokens_seen", step * (was or per_step))
     if was and was != per_step:
         note(f"the run resumes with {per_step:,} tokens per optimiser step where it saved {was:,}; its token count "
-             f"goes on from the saved {tokens:,} at step {ckpt['iter_num']:,}")
+             f"goes on from the saved {tokens:,} at step {step:,}")
     return cfg, accum, tokens
 
 
@@ -451,9 +464,18 @@ def catch_stop_signals():
 
 
 def main(argv):
-    # ---- every check, before anything in out_dir is created or written; and what the run trains
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
+    # the run folder, taken before the checks that decide what the run does and held to its end: a second run in it,
+    # new or resumed, is refused (rank 0 takes it for every process of a torchrun run)
+    with checks.run_folder(cfg.out_dir, take=proc.rank == 0):
+        run(cfg, model_args, module, explicit, proc)
+    if proc.world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def run(cfg, model_args, module, explicit, proc):
+    # ---- every check, before anything in out_dir is written; and what the run trains
     meta = read_meta(cfg.data_dir, cfg.dataset)
     checks.check_options(cfg)
     checks.check_run_folder(cfg)
@@ -465,8 +487,7 @@ def main(argv):
         ckpt, tokens_seen = None, 0
         model_args = new_model_args(cfg, module, model_args, explicit, meta)
     T = model_args["block_size"]
-    checks.check_splits(cfg.data_dir, cfg.dataset, meta, T, model_args["vocab_size"])
-    data = Data(cfg, meta)
+    data = Data(checks.read_splits(cfg.data_dir, cfg.dataset, meta, T, model_args["vocab_size"]))
     if proc.world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if proc.device.type == "cuda":
             torch.cuda.set_device(proc.device)
@@ -490,7 +511,6 @@ def main(argv):
         raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, None, proc.dtype)
 
     # ---- the run: from here on it may write to out_dir
-    lock = checks.lock_out_dir(cfg.out_dir) if proc.rank == 0 else None  # held to the end: a second run is refused
     if proc.rank == 0:
         checks.settle_log(cfg.out_dir, saved_step)  # log.jsonl: the records up to the resumed step
     model, eval_model = wrap(raw_model, cfg, proc)
@@ -535,10 +555,6 @@ def main(argv):
         log.close()
         for s, handler in handlers.items():
             signal.signal(s, handler)
-        if lock is not None:
-            lock.close()
-    if proc.world > 1:
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":  # memory that cannot be allocated, anywhere in a run, ends in one line naming these

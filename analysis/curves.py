@@ -7,7 +7,7 @@ import os
 from analysis.figures import pyplot_for, run_folder
 from plumbing.checkpoints import read_checkpoint
 from plumbing.errors import ConfigError
-from plumbing.files import parse_json, read_text
+from plumbing.files import parse_json, read_text, written
 from plumbing.options import check_output
 from plumbing.schemas import LOG_RECORD, Mismatch, check
 
@@ -80,7 +80,8 @@ def plot_curves(plt, runs, path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
     return fig
 

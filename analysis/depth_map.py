@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from plumbing.errors import ConfigError
+from plumbing.files import written
 
 
 @torch.no_grad()
@@ -127,7 +128,8 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
         warning = "warning: still at its uniform start (every row equal over its sources): not trained yet"
         fig.suptitle(textwrap.fill(warning, int(width * 12)), color="darkred", fontsize=9, fontweight="bold")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
     return fig
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from plumbing.errors import ConfigError
-from plumbing.files import parse_json, read_text
+from plumbing.files import JSON_BYTES, parse_json, read_text
 
 # log-likelihood of continuations: the multiple-choice scorer and the lm-evaluation-harness adapter share it
 
@@ -199,9 +199,11 @@ def read_task_file(path):
     if not os.path.exists(path):
         raise ConfigError(f"--lm_eval: no task file {path}; pass a task name or the path of a task .yaml file")
     fix = "fix the file (lm-evaluation-harness's task YAML)"
-    text = read_text(path, "the --lm_eval task file", fix)
+    text = read_text(path, "the --lm_eval task file", fix, limit=JSON_BYTES)
     try:
         task = yaml.load(text, Loader=yaml.SafeLoader) if "!function" not in text else {}
+    except RecursionError:
+        raise ConfigError(f"the --lm_eval task file {path} is nested too deep to read; {fix}")
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

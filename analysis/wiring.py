@@ -12,7 +12,7 @@ import torch
 from analysis.figures import pyplot_for, run_folder
 from common import close_gates, model_from_checkpoint
 from plumbing.errors import ConfigError
-from plumbing.files import open_split, read_meta, to_json
+from plumbing.files import open_split, read_meta, to_json, written
 from plumbing.models import build_model, load_model_module
 from plumbing.options import check_output
 
@@ -133,7 +133,7 @@ def wiring_tokens(args, ckpt, config):
     saved = ckpt.get("train_config", {})
     data_dir, dataset = args.data_dir or saved.get("data_dir"), args.dataset or saved.get("dataset")
     try:
-        data = open_split(data_dir, dataset, "val", read_meta(data_dir, dataset))
+        data = open_split(data_dir, dataset, "val", read_meta(data_dir, dataset), config.vocab_size)
         if len(data) >= 2 * T:
             return torch.from_numpy(data[:2 * T].astype(np.int64)).view(2, T)
     except (ConfigError, KeyError, OSError, TypeError):  # TypeError: no data set named
@@ -181,7 +181,8 @@ def plot_wiring(plt, panels, path):
     fig.supxlabel("reads: the embedding, or block j's output (attnres: a = attention, m = MLP sublayer)", fontsize=9)
     fig.supylabel("block l (attnres: sublayer), then the head", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.5, label="share of the row's direct reads")
-    fig.savefig(path, dpi=110)
+    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
     return fig
 

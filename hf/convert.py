@@ -42,7 +42,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("hf/convert.py is a library module: Hugging Face folders in (train.py --init_from) and out; run "
              "`python -m hf.export --help` or `python train.py --help`")
 
-from common import hf_tokenizer
+from common import hf_tokenizer, need
 from plumbing.checkpoints import separate, split_fused, weights_for
 from plumbing.config import make_config
 from plumbing.errors import ConfigError, note
@@ -278,7 +278,12 @@ def load_folder(model, folder):
         with st.safe_open(path, framework="pt") as f:
             for name in f.keys():
                 if name in want and files.get(name) == path:
-                    ours[want[name]].copy_(f.get_tensor(name))
+                    tensor = f.get_tensor(name)
+                    if not (tensor.is_floating_point() and torch.isfinite(tensor).all()):  # copy_ would cast it
+                        what = "NaN or infinity" if tensor.is_floating_point() else f"{tensor.dtype} numbers"
+                        raise HFError(f"{name} in {path} holds {what}, not finite floating-point weights; download "
+                                      "the folder again")
+                    ours[want[name]].copy_(tensor)
                     loaded.append(want[name])
     return loaded
 
@@ -485,16 +490,19 @@ def check_tokenizer(folder, vocab_size, meta):
             "--dataset" if os.path.isfile(mine) else "pass a --dataset prepared with the tokenizer the folder's model "
             "was trained with (the folder has no tokenizer.json to prepare one with)")
     same = None  # None: it cannot be told
+    if os.path.isfile(mine):
+        Tokenizer = need("tokenizers", "--init_from with a tokenizer.json").Tokenizer
+        try:  # a tokenizer.json that the tokenizers package cannot read is no tokenizer, not another one
+            theirs = Tokenizer.from_file(mine).to_str()
+        except Exception as e:
+            raise HFError(f"cannot read {mine} ({' '.join(str(e).split())[:120]}); download the folder again")
     if os.path.isfile(mine) and data_tok.startswith("hf:"):
         same = same_tokenizer(os.path.join(data_tok[3:], "tokenizer.json"), mine)
     elif os.path.isfile(mine):
         try:
-            from tokenizers import Tokenizer
-            same = Tokenizer.from_str(own_tokenizer_json(data_tok)).to_str() == Tokenizer.from_file(mine).to_str()
+            same = Tokenizer.from_str(own_tokenizer_json(data_tok)).to_str() == theirs
         except HFError:  # GPT-2's files are not at hand offline
             pass
-        except Exception:  # a tokenizer.json that the tokenizers package cannot read
-            same = False
     if same is None:
         if vocab_size != meta["vocab_size"]:
             raise HFError(f"{folder}/config.json has vocab_size {vocab_size} but the data's {data_tok} tokenizer has "

@@ -125,19 +125,24 @@ def join_fused(state, names, config):
 
 
 def check_weights(state, expected, config, path, what):
-    """state (a dict of tensors) against expected ({name: shape} of the model that loads it), after joining older
-    files' separate projections; ConfigError, naming path, if a name or shape differs or a weight is not finite.
-    Returns the state dict the model loads."""
+    """state (a dict of tensors) against expected (the state dict of the model that loads it, on the meta device or
+    not), after joining older files' separate projections; ConfigError, naming path, if a name or shape differs, a
+    floating-point weight is not (an integer or complex one would be cast silently) or is not finite. Returns the
+    state dict the model loads."""
     if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(t) for k, t in state.items()):
         raise ConfigError(f"the weights in {path} are not a state_dict of tensors; restore it from a copy or train "
                           "again")
     state = join_fused(state, expected, config)
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    wrong = [n for n in expected if n in state and tuple(state[n].shape) != tuple(expected[n])]
+    wrong = [n for n in expected if n in state and tuple(state[n].shape) != tuple(expected[n].shape)]
     if missing or unexpected or wrong:
         first = (f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}" if unexpected else
-                 f"{wrong[0]} is {tuple(state[wrong[0]].shape)}, not {tuple(expected[wrong[0]])}")
+                 f"{wrong[0]} is {tuple(state[wrong[0]].shape)}, not {tuple(expected[wrong[0]].shape)}")
         raise ConfigError(f"{path} does not fit {what} ({first}); it was saved by another version of that file")
+    kind = next((n for n, t in state.items() if expected[n].is_floating_point() and not t.is_floating_point()), None)
+    if kind is not None:
+        raise ConfigError(f"the weights in {path} hold {kind} as {state[kind].dtype}, not floating-point numbers; "
+                          "restore it from a copy or train again")
     bad = next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if bad is not None:
         raise ConfigError(f"the weights in {path} hold NaN or infinity ({bad}); restore it from a copy or train again")
@@ -147,8 +152,7 @@ def check_weights(state, expected, config, path, what):
 def weights_for(model, state, path):
     """The weights of a checkpoint or a Hugging Face folder, checked against model (check_weights), as the state
     dict model.load_state_dict takes."""
-    expected = {name: t.shape for name, t in model.state_dict().items()}
-    return check_weights(state, expected, model.config, path, f"{type(model).__module__}.py")
+    return check_weights(state, model.state_dict(), model.config, path, f"{type(model).__module__}.py")
 
 
 def checked_model_weights(ckpt, path):

@@ -4,13 +4,19 @@ options, the run folder, --resume against its checkpoint (the model, the data's 
 new run's model against the data, the data splits; then the run folder's lock and append-only log. Each check
 returns what it read or raises a one-line error; what the run does with it is decided in train.py.
 """
+import contextlib
+import glob
 import importlib.util
-import json
 import os
 import shlex
 import sys
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/checks.py is a library module (train.py's checks before a run); run a script, "
@@ -18,7 +24,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
 
 from plumbing.checkpoints import read_checkpoint
 from plumbing.errors import ConfigError
-from plumbing.files import open_split, regular_file
+from plumbing.files import open_split, output_file, parse_json, written
 from plumbing.models import build_model
 
 
@@ -28,14 +34,18 @@ def check_options(cfg):
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
 
 
+# the files a run writes in its folder (through a temporary file beside each: plumbing/files.py's written())
+RUN_FILES = ("ckpt.pt", "log.jsonl", "log.superseded.jsonl", "ckpt.pt.tmp")  # the last: an older version's, removed
+
+
 def check_run_folder(cfg):
-    """--out_dir is a folder (or not there yet), its log a regular file; a checkpoint there only with --resume, and
-    one there for --resume."""
-    path, log = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
+    """--out_dir is a folder (or not there yet), and each file the run writes in it is a regular file or not there
+    yet; a checkpoint there only with --resume, and one there for --resume."""
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise ConfigError(f"--out_dir {cfg.out_dir} is a file, not a folder; choose another --out_dir")
-    if os.path.exists(log):  # a folder, a FIFO, a socket or a device there is refused before it is opened
-        regular_file(log, "the run's log", "move it away")
+    for name in RUN_FILES:  # a folder, a FIFO, a socket or a device there is refused before anything is opened
+        output_file(os.path.join(cfg.out_dir, name), "the run's file", "move it away")
     if not cfg.resume and os.path.exists(path):
         raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; pass --resume to continue it "
                           "or choose another --out_dir")
@@ -58,16 +68,10 @@ def read_resume(cfg, model_args, module, explicit, meta):
     return ckpt
 
 
-def check_new_model(model_args, meta):
-    """A new run's model embeds every token id of the data."""
-    if model_args["vocab_size"] < meta["vocab_size"]:
-        raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's {meta['vocab_size']}; "
-                          "drop the option")
-
-
 def check_optimizer_state(ckpt, module, model_args, cfg):
     """The saved optimiser state fits the model it resumes: the model file's parameter groups, group by group, and
-    per parameter AdamW's step and moments of its shape (the model built on the meta device: no memory)."""
+    per parameter AdamW's step (0 or more) and moments of its shape (the model built on the meta device: no
+    memory)."""
     with torch.device("meta"):
         groups = build_model(module, model_args).param_groups(cfg.weight_decay)
     saved, path = ckpt["optimizer"], os.path.join(cfg.out_dir, "ckpt.pt")
@@ -80,9 +84,10 @@ def check_optimizer_state(ckpt, module, model_args, cfg):
     for i, state in saved["state"].items():
         step, *moments = (state.get(k) if isinstance(state, dict) else None for k in ("step", "exp_avg", "exp_avg_sq"))
         if not (i in shapes and all(torch.is_tensor(t) and torch.isfinite(t).all() for t in (step, *moments))
-                and step.numel() == 1 and all(m.shape == shapes[i] for m in moments)):
-            raise ConfigError(f"the optimiser state in {path} has no step and moments of the shape of parameter "
-                              f"{i}; {fix}")
+                and step.numel() == 1 and not step.is_complex() and float(step) >= 0
+                and all(m.shape == shapes[i] for m in moments)):
+            raise ConfigError(f"the optimiser state in {path} has no step (0 or more) and moments of the shape of "
+                              f"parameter {i}; {fix}")
 
 
 def check_shared_batch(saved, world):
@@ -116,62 +121,83 @@ def check_resume(cfg, model_args, explicit, ckpt, meta, path):
                           f"--tokenizer {trained['tokenizer']}")
 
 
-def check_splits(data_dir, dataset, meta, block_size, vocab_size):
-    """Both splits are whole, long enough for block_size, and hold only ids a model of vocab_size can embed."""
+def read_splits(data_dir, dataset, meta, block_size, vocab_size):
+    """{"train": memmap, "val": memmap}: both splits opened by open_split() (whole, and holding only ids a model of
+    vocab_size can embed), each long enough for block_size."""
+    splits = {}
     for split in ("train", "val"):
-        data = open_split(data_dir, dataset, split, meta)  # whole, and matching meta.json
+        data = splits[split] = open_split(data_dir, dataset, split, meta, vocab_size)
         n = len(data)
         if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
             fix = (f"lower --block_size to {n - 2} or less, or prepare more data" if n >= 3 else
                    "prepare more text (prepare.py --val_fraction sets the validation split's share)")
             raise ConfigError(f"the {split} split of {dataset} holds {n} tokens, too few for --block_size "
                               f"{block_size}; {fix}")
-        stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
-        top = max(int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64)))
-        if top >= vocab_size:
-            raise ConfigError(f"{os.path.join(data_dir, dataset, split + '.bin')} holds token id {top} but the "
-                              f"model's vocab_size is {vocab_size} (meta.json: {meta['vocab_size']}); run prepare.py "
-                              "again to remake the data set")
+    return splits
 
 
-def lock_out_dir(out_dir):
-    """Create out_dir and hold its lock for the life of the process; ConfigError when another run holds it."""
+@contextlib.contextmanager
+def run_folder(out_dir, take=True):
+    """out_dir taken for a run before the checks that decide what it does, and held until it ends: a second run in
+    it, new or resumed, is refused in one line, however the two are timed. The folder is made where it is not there
+    yet (with the folders above it) and locked itself (flock on the folder: nothing is created in it); a run that
+    ends before it writes anything removes the folders it made. take=False (every process of a torchrun run but rank
+    0's, which takes it for all): nothing."""
+    if not take or fcntl is None:  # no fcntl (Windows): no lock
+        yield
+        return
+    made = [p for p in [out_dir, *parents(out_dir)] if not os.path.exists(p)]  # deepest first
     try:
         os.makedirs(out_dir, exist_ok=True)
-        handle = open(os.path.join(out_dir, ".lock"), "a")
+        fd = os.open(out_dir, os.O_RDONLY)
     except OSError as e:
         raise ConfigError(f"cannot create --out_dir {out_dir} ({e.strerror}); choose another --out_dir")
     try:
-        import fcntl
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass  # no fcntl (Windows): no lock
-    except OSError:
-        handle.close()
-        raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
-    return handle
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            same = os.path.samestat(os.fstat(fd), os.stat(out_dir))  # not a folder that a run removed meanwhile
+        except OSError:
+            same = False
+        if not same:
+            made = []  # the other run's now
+            raise ConfigError(f"another run is writing to {out_dir}; wait for it to end or choose another --out_dir")
+        yield
+    finally:
+        for folder in made:  # a run that wrote nothing leaves no folder it made
+            if os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)
+        os.close(fd)  # the lock goes with it
+
+
+def parents(path):
+    """The folders above path, nearest first, up to the one the path starts from."""
+    out, path = [], os.path.normpath(path)
+    while os.path.dirname(path) not in ("", path):
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
 
 
 def settle_log(out_dir, resume_step):
     """log.jsonl keeps the records up to resume_step (a new run: none); the others, and lines that are not
     records (cut short by a crash), move to log.superseded.jsonl. Nothing is deleted."""
     log_path = os.path.join(out_dir, "log.jsonl")
-    if os.path.exists(os.path.join(out_dir, "ckpt.pt.tmp")):
-        os.remove(os.path.join(out_dir, "ckpt.pt.tmp"))  # half a checkpoint from a run killed while saving
+    for tmp in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp*")):  # half a file of a run killed while writing
+        if os.path.isfile(tmp) and os.path.basename(tmp).split(".tmp")[0] in RUN_FILES:  # (the folder is this run's)
+            os.remove(tmp)
     if not os.path.exists(log_path):
         return
     keep, move = [], []
     with open(log_path, "rb") as f:
         for line in f:
             try:
-                step = json.loads(line)["iter"]
+                step = parse_json(line)["iter"]
             except (ValueError, TypeError, KeyError, UnicodeDecodeError):
                 step = None
             keep_it = resume_step is not None and isinstance(step, int) and step <= resume_step
             (keep if keep_it else move).append(line if line.endswith(b"\n") else line + b"\n")
     if move:
-        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:
+        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:  # a regular file (check_run_folder)
             f.writelines(move)
-    with open(log_path + ".tmp", "wb") as f:
+    with written(log_path, "wb") as f:
         f.writelines(keep)
-    os.replace(log_path + ".tmp", log_path)

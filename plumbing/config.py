@@ -59,6 +59,11 @@ def check_field(f, value):
         raise ValueError(f"{name} must be a finite number, not {shown(value)}")
     if type(value) is int and not -2**63 <= value < 2**63:
         raise ValueError(f"{name} must fit in 64 bits, not {shown(value)}")
+    for text in value if type(value) is tuple else [value] if type(value) is str else []:
+        try:  # a lone surrogate (from a preset's "\ud800") is no text; bytes of the command line that are not UTF-8
+            text.encode("utf-8", "surrogateescape")  # arrive as \udc80..\udcff, which encode back to them
+        except UnicodeEncodeError:
+            raise ValueError(f"{name} is not text (it holds a lone surrogate, {shown(text)}); write it as text")
     low, high, above, below = (rule.get(k) for k in ("min", "max", "above", "below"))
     if "choices" in rule and value not in rule["choices"]:
         raise ValueError(f"{name} {shown(value, quote=False)} is not one of: {', '.join(map(str, rule['choices']))}")

@@ -3,6 +3,7 @@ Plumbing a learner may skip: every file a script reads goes through these reader
 line naming it, and every file a script writes is written whole or not at all. JSON is strict (no NaN or
 Infinity). meta.json of a prepared data set and its token splits are checked here.
 """
+import contextlib
 import difflib
 import glob
 import json
@@ -41,6 +42,45 @@ def regular_file(path, what, fix):
     return path
 
 
+def output_file(path, what, fix):
+    """path, after checking that a script can write a file there: nothing yet, or a regular file (or a link to one);
+    ConfigError, naming what it is and the fix, for a folder, or a FIFO, a socket or a device, refused before any work
+    (writing a FIFO waits for a reader that may never come)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # nothing there yet (or a link to nothing, which writing makes)
+        return path
+    except OSError as e:
+        raise ConfigError(f"cannot write {what} {path} ({e.strerror}); {fix}")
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{what} {path} is a folder, where a file is written; {fix}")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a FIFO, a socket or a device), where a file is "
+                          f"written; {fix}")
+    return path
+
+
+@contextlib.contextmanager
+def written(path, mode="w"):
+    """A file object whose content replaces path, whole or not at all, when the block ends without an error: it is a
+    temporary file beside path, created anew (O_EXCL: whatever is in the way, a FIFO included, is not opened, so that
+    nothing waits), then renamed over path. Every writer of a whole file writes through here."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    if os.path.isfile(tmp) and not os.path.islink(tmp):
+        os.remove(tmp)  # left by a killed process of the same id
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise ConfigError(f"cannot write {path}: {tmp} is in the way (not a regular file); move it away")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
 def read_bytes(path, what, fix, limit=None):
     """The bytes of the regular file at path (regular_file()); ConfigError (naming what it is and the fix) if it
     cannot be read, or holds more than limit bytes."""
@@ -69,18 +109,34 @@ def _not_json(name):
     raise ValueError(f"{name} is not a JSON number")
 
 
+# the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most), and the most bytes of a JSON file
+JSON_DEPTH, JSON_BYTES = 64, 256 << 20
+
+
 def parse_json(text):
-    """json.loads, refusing NaN and Infinity (Python's json takes them; JSON has no such numbers)."""
-    return json.loads(text, parse_constant=_not_json)
+    """json.loads, refusing NaN and Infinity (Python's json takes them; JSON has no such numbers) and a value nested
+    more than JSON_DEPTH deep (the parser recurses into it: deep enough, a RecursionError); ValueError says which."""
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError(f"nested more than {JSON_DEPTH} deep")
+    level, items = 0, [value]
+    while items:  # breadth first, a level at a time: no recursion
+        level, items = level + 1, [v for item in items for v in
+                                   (item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())]
+        if level > JSON_DEPTH:
+            raise ValueError(f"nested more than {JSON_DEPTH} deep")
+    return value
 
 
-def read_json(path, what, fix):
+def read_json(path, what, fix, limit=JSON_BYTES):
     """The JSON value in the file at path; ConfigError for every way it can be wrong, naming where."""
-    text = read_text(path, what, fix)
+    text = read_text(path, what, fix, limit)
     try:
         return parse_json(text)
-    except ValueError as e:
-        raise ConfigError(f"{what} {path} is not readable JSON ({' '.join(str(e).split())[:120]}); {fix}")
+    except (ValueError, MemoryError) as e:
+        reason = " ".join(str(e).split())[:120] or "too large to read"
+        raise ConfigError(f"{what} {path} is not readable JSON ({reason}); {fix}")
 
 
 def read_object(path, what, fix):
@@ -179,35 +235,35 @@ def split_tokens(data_dir, dataset, split, meta):
     return n
 
 
-def open_split(data_dir, dataset, split, meta):
+def open_split(data_dir, dataset, split, meta, vocab_size):
     """split.bin as a read-only memmap of meta's dtype, once split_tokens() has found it a whole regular file that
-    matches meta.json (opening a FIFO would wait for a writer). Every reader of a split opens it here."""
+    matches meta.json (opening a FIFO would wait for a writer), holding only ids below vocab_size, the model's (read
+    whole where it is small, else 64 stretches spread over it). Every reader of a split opens it here, so that each
+    refuses what train.py refuses."""
     split_tokens(data_dir, dataset, split, meta)
-    return np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"), dtype=np.dtype(meta["dtype"]), mode="r")
+    path = os.path.join(data_dir, dataset, f"{split}.bin")
+    data = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r") if os.path.getsize(path) else np.zeros(0, np.uint16)
+    stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
+    top = max((int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64))), default=0)
+    if top >= vocab_size:
+        raise ConfigError(f"{path} holds token id {top} but the model's vocab_size is {vocab_size} (meta.json: "
+                          f"{meta['vocab_size']}); {REDO}")
+    return data
 
 
 def write_json(path, value, schema):
-    """value as strict JSON at path, whole or not at all: checked against schema first (a writer never replaces a
-    file with one its readers refuse), written to a temporary file beside it, then renamed over it."""
+    """value as strict JSON at path, whole or not at all (written()): checked against schema first (a writer never
+    replaces a file with one its readers refuse)."""
     checked(value, schema, path, "nothing was written; this is a bug of the script that wrote it")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(to_json(value, indent=1))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with written(path) as f:
+        f.write(to_json(value, indent=1))
 
 
 def save_checkpoint(path, ckpt):
-    """Atomically: a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
-    tmp = path + ".tmp"
+    """Whole or not at all (written()): a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
     try:
-        torch.save(ckpt, tmp)
+        with written(path, "wb") as f:
+            torch.save(ckpt, f)
     except (OSError, RuntimeError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
                           "or choose another --out_dir; the previous checkpoint is kept")
-    os.replace(tmp, path)

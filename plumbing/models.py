@@ -40,13 +40,51 @@ def build_model(module, model_args, source="the options"):
 
 
 def check_model_args(module, model_args, source):
-    """module.GPTConfig(**model_args), once model_args are fields of that GPTConfig within their rules; ConfigError
-    names the field it does not know or the option it rejects, and source, where the values came from."""
+    """module.GPTConfig(**model_args), once model_args are fields of that GPTConfig within their rules and the model
+    fits in this machine's memory (check_size); ConfigError names the field it does not know or the option it
+    rejects, and source, where the values came from."""
     extra = set(model_args) - {f.name for f in dataclasses.fields(module.GPTConfig)}
     if extra:
         raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py does "
                           "not know; it was saved by another version of that file")
     try:
-        return make_config(module.GPTConfig, **model_args)
+        config = make_config(module.GPTConfig, **model_args)
     except ValueError as e:
         raise ConfigError(f"{e} ({module.__name__}.py, from {source})")
+    check_size(config, source)
+    return config
+
+
+# the Python objects of one block (its modules and parameters), measured when building tiny models: at least this
+PER_BLOCK = 16 << 10
+
+
+def smallest_size(c):
+    """{option: the bytes a model of config c needs at least for it}, from the options alone, before anything is
+    built: float32 weights of the embedding and head (vocab_size), of the blocks and their Python objects (n_layer),
+    and the rotary tables and the logits of one window (block_size). Every model file has at least vanilla's."""
+    head_dim = c.head_dim or c.n_embd // c.n_head
+    block = c.n_embd * (c.n_head + 2 * c.n_kv_head) * head_dim + c.n_head * head_dim * c.n_embd + 3 * c.n_embd * \
+        c.ffn_hidden
+    return {"--vocab_size": 4 * c.vocab_size * c.n_embd * (1 if c.tie_embeddings else 2),
+            "--n_layer": c.n_layer * (4 * block + PER_BLOCK),
+            "--block_size": 4 * c.block_size * (head_dim + c.vocab_size)}
+
+
+def memory():
+    """The bytes of memory this machine has (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return None
+
+
+def check_size(config, source):
+    """ConfigError, naming the option that needs the most, for a model that cannot fit in this machine's memory
+    (smallest_size): building it would fail, or take minutes first."""
+    need, have = smallest_size(config), memory()
+    if have and sum(need.values()) > have:
+        name = max(need, key=need.get)
+        raise ConfigError(f"a model of {name} {getattr(config, name[2:])} needs at least {sum(need.values()) / 2**30:,.1f} "
+                          f"GiB ({need[name] / 2**30:,.1f} GiB for {name}), more than the {have / 2**30:.1f} GiB of "
+                          f"memory here; lower {name} (from {source})")

@@ -124,7 +124,7 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     parser = ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter, model=early.model,
                             owned=owned, usage="%(prog)s [preset.py ...] [--option value ...]")
     parser.add_options(config_class, "training", from_files)
-    try:  # --help shows the vocabulary a new run takes: the data set's, where it is prepared
+    try:  # the vocabulary of the data set, where it is prepared: a new run's (--help shows it), and the least it takes
         data_vocab = {"vocab_size": read_meta(early.data_dir, early.dataset)["vocab_size"]}
     except ConfigError:
         data_vocab = {}
@@ -146,6 +146,9 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     except (ValueError, TypeError) as e:  # an option's own rules (OptionError), or those across options
         name = e.name if isinstance(e, OptionError) else str(e).split()[0][2:] if str(e).startswith("--") else ""
         raise ConfigError(f"{e}{where(name)}")
+    if "vocab_size" in explicit and data_vocab and model_args["vocab_size"] < data_vocab["vocab_size"]:
+        raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
+                          f"{data_vocab['vocab_size']}; drop the option{where('vocab_size')}")
     check_paths(cfg)
     check_outputs(cfg)
     return cfg, model_args, module, explicit
@@ -256,12 +259,15 @@ def check_outputs(config):
 
 def check_output(name, path, kind):
     """Before any work: ConfigError in one line naming the option when path cannot become the file (kind "file")
-    or the folder ("folder") a script will write: it is a folder where a file goes, or a file where a folder goes,
-    a part of it is a file, or the nearest folder that exists cannot be written (tried with a temporary file,
-    which also finds a read-only file system and holds for root)."""
+    or the folder ("folder") a script will write: it is a folder, a FIFO, a socket or a device where a file goes, or
+    a file where a folder goes, a part of it is a file, or the nearest folder that exists cannot be written (tried
+    with a temporary file, which also finds a read-only file system and holds for root)."""
     check_name(name, path)
     if kind == "file" and os.path.isdir(path):
         raise ConfigError(f"{name} {path} is a folder, and the script writes a file there; name a file")
+    if kind == "file" and os.path.exists(path) and not os.path.isfile(path):  # opening it could wait forever
+        raise ConfigError(f"{name} {path} is not a regular file (a FIFO, a socket or a device), and the script writes "
+                          "a file there; name a file")
     if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{name} {path} is a file, and the script writes a folder there; choose another {name}")
     folder = path if kind == "folder" else os.path.dirname(path) or "."

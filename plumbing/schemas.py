@@ -8,11 +8,14 @@ field, what was expected and what to do. A schema is a plain value:
     OneOf(a, b, ...)          one of these values
     Null(schema)              schema, or None (JSON's null: to_json writes a value that is not finite as null)
     [schema]                  a list whose every item matches schema
+    Some(schema)              a list of one or more items, each matching schema
     {key: schema}             a dict with these keys; Opt(schema) may be missing; other keys are tolerated (a newer
                               file's, or a field no reader uses), and checked against the schema at key ... if any
     Map(schema)               a dict of string keys, every value matching schema
     Scalar                    a string, a bool, a finite number or null (an option's value)
     Bytes                     a tensor of bytes (uint8, one dimension: a random number generator's state)
+    RngState                  the state of torch's own generator, as torch.set_rng_state takes it
+    Where(schema, key, test)  schema, and then test(value) true of the whole, else key is named (a rule across keys)
     Any                       anything
 """
 import dataclasses
@@ -85,6 +88,29 @@ class Map:
             check(item, self.schema, f"{field}.{key}" if field else key)
 
 
+@dataclasses.dataclass(frozen=True)
+class Some:
+    schema: object
+
+    def check(self, value, field):
+        if not isinstance(value, (list, tuple)) or not value:
+            raise Mismatch(field, expected(self), value)
+        check(value, [self.schema], field)
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    schema: object
+    key: str
+    test: object
+    says: str
+
+    def check(self, value, field):
+        check(value, self.schema, field)
+        if not self.test(value):
+            raise Mismatch(f"{field}.{self.key}" if field else self.key, self.says, value.get(self.key))
+
+
 class Rule:
     """A schema that is a test of the value: Any, Scalar, Bytes."""
 
@@ -102,6 +128,23 @@ Scalar = Rule(lambda value: value is None or type(value) in (str, bool, int) or 
 Bytes = Rule(lambda value: isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1,
              "a tensor of bytes")
 Tensor = torch.Tensor
+
+
+def torch_takes(state):
+    """Whether torch.set_rng_state takes state as its generator's state (tried, and the generator's own put back)."""
+    if not Bytes.test(state):
+        return False
+    own = torch.get_rng_state()
+    try:
+        torch.set_rng_state(state)
+        return True
+    except (RuntimeError, ValueError):
+        return False
+    finally:
+        torch.set_rng_state(own)
+
+
+RngState = Rule(torch_takes, "the state of torch's random number generator")
 
 
 def describe(value):
@@ -126,6 +169,8 @@ def expected(schema):
         return "one of " + ", ".join(map(repr, schema.values))
     if isinstance(schema, Null):
         return expected(schema.schema) + " or null"
+    if isinstance(schema, Some):
+        return f"a list of one or more of {expected(schema.schema)}"
     if isinstance(schema, list):
         return f"a list of {expected(schema[0])}"
     if isinstance(schema, (dict, Map)):
@@ -181,8 +226,9 @@ def checked(value, schema, path, fix):
 COUNT, STEP = Num(min=1, integer=True), Num(min=0, integer=True)
 
 # meta.json of a prepared data set (prepare.py)
-META = {"tokenizer": str, "vocab_size": COUNT, "dtype": OneOf("uint16", "uint32"), "eot_token": Opt(STEP),
-        "train_tokens": Opt(STEP), "val_tokens": Opt(STEP), "dataset": Opt(str)}
+META = Where({"tokenizer": str, "vocab_size": COUNT, "dtype": OneOf("uint16", "uint32"), "eot_token": Opt(STEP),
+              "train_tokens": Opt(STEP), "val_tokens": Opt(STEP), "dataset": Opt(str)},
+             "eot_token", lambda m: m.get("eot_token", 0) < m["vocab_size"], "a token id below vocab_size")
 
 # train.py's ckpt.pt: the fields the scripts read; a checkpoint of an older version lacks some (a reader names the
 # ones it needs), one of a newer version may hold more (tolerated). model_args and the weights are checked against the
@@ -194,7 +240,9 @@ CHECKPOINT = {
     "model": Map(Tensor),
     "train_config": Opt({"data_dir": Opt(str), "dataset": Opt(str), "init_from": Opt(str), "max_iters": Opt(STEP),
                          "lr_decay_iters": Opt(STEP), "decay_lr": Opt(bool), "warmup_iters": Opt(STEP),
-                         "batch_size": Opt(COUNT), "gradient_accumulation_steps": Opt(Null(COUNT)), ...: Scalar}),
+                         "batch_size": Opt(COUNT), "gradient_accumulation_steps": Opt(Null(COUNT)),
+                         "learning_rate": Opt(Num(min=0)), "min_lr": Opt(Num(min=0)),
+                         "warmup_start": Opt(Num(min=0, max=1)), "seed": Opt(STEP), ...: Scalar}),
     "run": Opt({"world": COUNT, "gradient_accumulation_steps": COUNT, "tokens_per_step": Opt(COUNT),
                 "device": Opt(str), "dtype": Opt(str)}),
     "optimizer": Opt({"state": dict, "param_groups": [{  # AdamW's groups (the state against the model: checks.py)
@@ -206,7 +254,7 @@ CHECKPOINT = {
     "tokens_seen": Opt(STEP),
     "best_val_loss": Opt(Num()),
     "meta": Opt(META),
-    "rng": Opt({"torch": [Bytes], "cuda": Opt([Bytes])}),
+    "rng": Opt({"torch": Some(RngState), "cuda": Opt(Some(Bytes))}),
 }
 
 # a record of a run's log.jsonl (train.py's Log): a step, and the numbers of that step
@@ -216,7 +264,8 @@ LOG_RECORD = {"iter": STEP, "tokens": Opt(STEP), "loss": Opt(Num()), "val_loss":
 # tools/kernels.py --json
 KERNELS = {"shape": {"n_layer": COUNT, "n_embd": COUNT, "vocab_size": COUNT, "batch_size": COUNT, "block_size": COUNT,
                      "device": str, "torch": str, "compiled": Opt(bool), "dtype": Opt(str), "command": Opt(Null(str))},
-           "models": Map({"train": STEP, "decode": STEP, "train_ops": Opt(Map(STEP)), "decode_ops": Opt(Map(STEP))})}
+           # a step makes one kernel at least (and vanilla's counts divide every ratio)
+           "models": Map({"train": COUNT, "decode": COUNT, "train_ops": Opt(Map(STEP)), "decode_ops": Opt(Map(STEP))})}
 
 RATIO = Opt(Num(min=0))
 # tools/bench.py --json: training (results of train_speed_ratio ...) or --decode (results of decode_ratio ...)

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -12,6 +11,8 @@ import torch
 
 from common import model_from_checkpoint
 from plumbing.checkpoints import split_fused
+from plumbing.checks import read_splits
+from plumbing.files import read_meta
 import train
 from conftest import ROOT, model_cases, model_names
 from generate import generate
@@ -29,7 +30,7 @@ def build(name, overrides, seed=0, **extra):
 
 def text_windows(data_dir, n, T, seed, split="train"):
     """n windows of real text through train.py's own data path (Data.batch)."""
-    data = train.Data(types.SimpleNamespace(data_dir=data_dir, dataset="shakespeare"), {"dtype": "uint16"})
+    data = train.Data(read_splits(data_dir, "shakespeare", read_meta(data_dir, "shakespeare"), T, 257))
     offsets = torch.randint(len(data.splits[split]) - T - 1, (n,), generator=torch.Generator().manual_seed(seed))
     return data.batch(split, offsets, T, torch.device("cpu"))
 

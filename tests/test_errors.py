@@ -101,7 +101,8 @@ def damage_data(kind, folder):
     elif kind == "wrong_dtype":
         meta["dtype"] = "uint32"
     elif kind == "small_vocab":
-        meta["vocab_size"] = 100  # the byte ids go up to 256
+        meta["vocab_size"] = 100  # the byte ids go up to 256 (the end-of-text token, 256, named no more)
+        meta.pop("eot_token", None)
     elif kind == "no_val":
         os.remove(folder / "val.bin")
     elif kind == "other_tokenizer":

@@ -104,16 +104,86 @@ def test_a_new_run_moves_an_old_log_aside(data, tmp_path):
 def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)
-    holder = checks.lock_out_dir(str(run))  # as a run in progress holds it
-    try:
+    with checks.run_folder(str(run)):  # as a run in progress holds it
         before = checksums(run)
         code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume",
                                                "--max_iters=8"], capsys)
         assert_one_error_line(code, err, "another run is writing to")
         assert checksums(run) == before
-    finally:
-        holder.close()
     train.main(["--data_dir", str(data), "--out_dir", str(run), "--max_iters=5", "--resume", *TINY])  # free again
+
+
+def test_the_run_folder_is_taken_before_the_checks_and_a_refused_new_run_leaves_none(data, tmp_path, capsys):
+    """The folder of a new run is made and locked before its checks (a second run is refused from then on); a run
+    refused by a check removes the folders it made, so that it leaves nothing behind."""
+    new = tmp_path / "runs" / "new"
+    with checks.run_folder(str(new)):
+        assert new.is_dir() and os.listdir(new) == []  # nothing inside: the lock is the folder's own
+        code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", new], capsys)
+        assert_one_error_line(code, err, "another run is writing to")
+    assert not (tmp_path / "runs").exists()  # the holder wrote nothing: the folders it made are gone
+    code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", new, "--batch_size=0"], capsys)
+    assert_one_error_line(code, err, "--batch_size")
+    code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", new, "--block_size=100000"], capsys)
+    assert_one_error_line(code, err, "too few for --block_size")  # refused by a check after the folder was taken
+    assert not (tmp_path / "runs").exists()
+
+
+def start(data, out, *args):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir",
+                             str(out), *TINY, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+# (first, second, when the second starts): two real processes in one folder, new or resumed, the second started
+# with the first, while the first imports and checks, or once it trains
+TWO_RUNS = [("new", "new", "together"), ("resume", "resume", "together")] + [
+    pytest.param(a, b, when, marks=pytest.mark.slow) for a in ("new", "resume") for b in ("new", "resume")
+    for when in ("together", "checking", "training") if (a, b, when) not in [("new", "new", "together"),
+                                                                              ("resume", "resume", "together")]]
+
+
+def training(out, proc):
+    """Wait until the run of proc records a step after the saved run's last (4), or ends."""
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and not any(
+            r.get("iter", 0) > 4 for r in records(out / "log.jsonl")):
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("first,second,when", TWO_RUNS)
+def test_two_runs_in_one_folder_one_trains_and_the_other_is_refused(first, second, when, data, saved_run, tmp_path):
+    """However two runs in one folder are timed, at most one trains; the other ends in one line before it writes,
+    and the folder holds the one run's checkpoint and log, each step once, with nothing moved aside."""
+    out = tmp_path / "run"
+    if "resume" in (first, second):
+        shutil.copytree(saved_run, out)  # saved at step 4
+    steps = {"new": ["--max_iters=400", "--eval_interval=200"],
+             "resume": ["--max_iters=404", "--eval_interval=200", "--resume"]}
+    procs = [start(data, out, *steps[first])]
+    if when == "checking":
+        time.sleep(1.0)  # importing torch, then its checks
+    elif when == "training":
+        training(out, procs[0])
+    procs.append(start(data, out, *steps[second]))
+    ended = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    trained = [kind for kind, (code, _) in zip((first, second), ended) if code == 0]
+    assert len(trained) <= 1, ended
+    for code, err in ended:
+        if code != 0:
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("error: ") and (
+                "another run is writing to" in lines[0] or "already holds a checkpoint" in lines[0]), err
+    if not trained:  # a new run refused by the saved one's checkpoint, and a resumed one by the lock: a third
+        trained = ["resume"]
+        assert start(data, out, *steps["resume"]).wait(timeout=300) == 0
+    for kind in ("loss", "val_loss"):  # every step of the one run once, in order
+        steps_logged = [r["iter"] for r in records(out / "log.jsonl") if kind in r]
+        assert steps_logged == sorted(set(steps_logged)), steps_logged
+    assert [r["iter"] for r in records(out / "log.jsonl") if "val_loss" in r][-1] == \
+        read_checkpoint(str(out / "ckpt.pt"), ("model_name", "iter_num"))["iter_num"] == \
+        (404 if trained[0] == "resume" else 400)
+    assert not (out / "log.superseded.jsonl").exists()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])

@@ -35,7 +35,7 @@ from generate import compile_decode_step, decode_step, generate
 from plumbing.checkpoints import checkpoint_path
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import open_split, read_json, regular_file, write_json
+from plumbing.files import open_split, read_json, read_meta, regular_file, write_json
 from plumbing.models import build_model, load_model_module
 from plumbing.options import parse_simple
 from plumbing.schemas import BENCH, BENCH_DECODE, checked
@@ -204,8 +204,13 @@ def checkpoint_generation(args, device, ctx):
         raise ConfigError(f"--checkpoint {args.checkpoint}: no checkpoint there; pass the out_dir of a training run")
     model, _, ckpt = model_from_checkpoint(args.checkpoint, device)
     model.eval()
-    meta = ckpt["meta"]
-    val = open_split(args.data_dir, meta["dataset"], "val", meta)
+    # the data set's folder as train.py named it (--dataset), which meta.json's "dataset" is only for the data sets
+    # prepare.py makes by name (of --files, it lists the files)
+    dataset = (ckpt.get("train_config") or {}).get("dataset") or (ckpt.get("meta") or {}).get("dataset")
+    if not dataset:
+        raise ConfigError(f"{args.checkpoint}: its checkpoint names no data set to take a prompt from; pass the out_dir "
+                          "of a run that train.py saved")
+    val = open_split(args.data_dir, dataset, "val", read_meta(args.data_dir, dataset), model.config.vocab_size)
     prompt = torch.from_numpy(val[:16].astype(np.int64))[None].to(device)  # (1, 16)
     if args.close_gates >= 0:
         close_gates(model, args.close_gates)

@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 
 from plumbing.config import option
 from plumbing.errors import ConfigError, RunError, main_boundary
-from plumbing.files import read_json
+from plumbing.files import output_file, read_json
 from plumbing.options import check_output, parse_simple, without
 from plumbing.schemas import BENCH, BENCH_DECODE, checked
 from tools.tables import hardware_name, update_readme
@@ -167,8 +167,9 @@ def first_jobs(todo, args):
 def run_logged(name, argv, logs):
     """(name, argv, exit code, seconds, log file) of a script run in its own process, its output written as it
     comes to logs/<name>.log (what a run stopped halfway leaves)."""
-    log, t0 = os.path.join(logs, name.replace(" ", "_") + ".log"), time.perf_counter()
-    with open(log, "w") as f:
+    log, t0 = output_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away"), \
+        time.perf_counter()
+    with open(log, "w") as f:  # a regular file or none (output_file): opening it waits for nothing
         code = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     return name, argv, code, time.perf_counter() - t0, log
 

@@ -50,7 +50,8 @@ from common import DTYPES, SIZES, model_from_checkpoint
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
 from plumbing.errors import ConfigError, Interrupted, main_boundary
-from plumbing.files import open_split, parse_json, read_json, read_meta, read_text, write_json
+from plumbing.files import (open_split, output_file, parse_json, read_json, read_meta, read_text, write_json,
+                            written)
 from plumbing.models import load_model_module
 from plumbing.options import parse_model_options, parse_simple
 from plumbing.schemas import SWEEP, checked
@@ -223,6 +224,8 @@ def main(argv):
     for s in sweeps:
         s["points"] = [p for p in s["points"] if p[0] in wanted or p[0] in s["always"]]
         s["plan"] = plan(s, shape, args, device.type, dtype, meta)
+        for name in ("results.json", "RESULTS.md", s["figure"]):  # before any run: what each sweep writes
+            output_file(os.path.join(s["results"], name), "the sweep's", "move it away or choose another --results")
     check_train_options(sweeps, shape, args)
     seeds = [args.seed + i for i in range(args.seeds)]
     header = {"hardware": hardware_name(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
@@ -388,7 +391,7 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
         try:
             train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}",
-                        *(["--resume"] if steps else [])])
+                        *(["--resume"] if os.path.exists(path) else [])])  # a step-0 checkpoint is one too
         except Interrupted as e:
             raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; the runs that finished are in "
                               "results.json, and this one goes on from its checkpoint, if it saved one: run the same "
@@ -397,7 +400,7 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     model, _, ckpt = model_from_checkpoint(out_dir, device)
     model.eval()
     T = model.config.block_size
-    val = open_split(args.data_dir, args.dataset, "val", meta)
+    val = open_split(args.data_dir, args.dataset, "val", meta, model.config.vocab_size)
     loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
     if not math.isfinite(loss[-1].item()):  # a table shows no NaN as a number: the run is refused, not recorded
         raise ConfigError(f"the run {out_dir} has a validation loss that is not finite ({loss[-1].item()}); "
@@ -548,7 +551,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
         write_json(json_path, {**saved, **head, "summary": rows}, SWEEP)
     table = results_table(sweep, rows, runs, head, len(planned))
     os.makedirs(sweep["results"], exist_ok=True)
-    with open(os.path.join(sweep["results"], "RESULTS.md"), "w") as f:
+    with written(os.path.join(sweep["results"], "RESULTS.md")) as f:
         f.write(table)
     if args.update_readme:
         update_readme(table, sweep["results"])
@@ -748,7 +751,8 @@ def plot_results(sweep, rows, runs, path, windows):
     ax.grid(alpha=0.3)
     delta_panel(bx, rows, colour, models, "vanilla")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # with the Δ panel's text right of its axes
+    with written(path, "wb") as f:  # with the Δ panel's text right of its axes
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -815,7 +819,8 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
                 "the dense models at the same FLOPs" if "frontier" in sweep else "vanilla")
     fig.suptitle(f"{sweep['paper']}: {len(runs)} runs")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # with the Δ panel's text right of its axes
+    with written(path, "wb") as f:  # with the Δ panel's text right of its axes
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -13,6 +13,8 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("tools/tables.py is a library module (the generated tables of the tools); run a script, "
              "e.g. `python train.py --help`")
 
+from plumbing.files import written
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
@@ -29,17 +31,17 @@ def update_readme(table, results):
     from the README to a page of docs/ is still rewritten where it now is. Returns the pages written."""
     tag = os.path.normpath(results)
     marked = re.compile(rf"(<!-- {re.escape(tag)}:start -->\n).*?(<!-- {re.escape(tag)}:end -->)", re.S)
-    written = []
+    pages = []
     for page in marked_pages():
         text = open(page, encoding="utf-8").read()
         if marked.search(text):
-            with open(page, "w", encoding="utf-8") as f:
+            with written(page) as f:
                 f.write(marked.sub(lambda m: m.group(1) + table + m.group(2), text))
-            written.append(page)
-    if not written:
+            pages.append(page)
+    if not pages:
         print(f"note: no page (README.md, docs/*.md, results/*.md) has a <!-- {tag}:start --> marker; the table is "
               "left alone", file=sys.stderr)
-    return written
+    return pages
 
 
 def hardware_name(device):
