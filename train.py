@@ -11,20 +11,19 @@ The one trainer for every model file.
 value` lines, config/*.py), read and applied in order before the command line. As in nanoGPT,
 --gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N.
 
-A run is a transaction: every check (options, data, checkpoint, model, optimiser, one forward pass) passes
-before anything in out_dir is created or written, and a second run in the same out_dir is refused. log.jsonl
-is append-only: a resumed run keeps every record up to its checkpoint's step and moves the records after it
-to log.superseded.jsonl. This file reads top to bottom (the options, the data, the model and its optimiser,
-the schedule, the processes, one step, evaluation, the log, what the run trains, the checkpoint, the loop);
-every decision of a run is a line here, and the checks and the one-line errors are in plumbing/, which a learner
-may skip: it checks and reads, and decides nothing.
+A run is a transaction: out_dir is taken (locked) first, so that a second run in it is refused, and every check
+(options, data, checkpoint, model, optimiser, one forward pass) passes before anything is written there; a new run
+refused by a check leaves no folder. log.jsonl is append-only: a resumed run keeps every record up to its
+checkpoint's step and moves the records after it to log.superseded.jsonl. This file reads top to bottom (the
+options, the data, the optimiser and the schedule, the processes, one step, evaluation, the log, what the run
+trains, the checkpoint, the run); every decision of a run is a line here, and the checks and the one-line errors
+are in plumbing/, which a learner may skip: it checks and reads, and decides nothing.
 """
 import dataclasses
 import math
 import os
 import signal
 import time
-import types
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -363,11 +362,6 @@ def new_model_args(cfg, module, model_args, explicit, meta):
     return model_args
 
 
-# what a resumed run may change of the saved one, said in a note: its data, its optimiser and schedule, seed, dtype
-CHANGES = ("dataset", "data_dir", "learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
-           "decay_lr", "warmup_iters", "min_lr", "warmup_start", "seed", "dtype", "eval_iters")
-
-
 def resumed(cfg, proc, explicit, ckpt):
     """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one: what it keeps, with a note
     where the options would change that, and a note of what the options change."""
@@ -380,14 +374,7 @@ def resumed(cfg, proc, explicit, ckpt):
         cfg = dataclasses.replace(cfg, lr_decay_iters=horizon)  # which the next checkpoint saves again
         note(f"the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as saved, not "
              f"at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step")
-    changed = {k: saved[k] for k in CHANGES if k in saved and saved[k] != getattr(cfg, k)}
-    if changed:  # and the learning rate of the resumed step, where the saved run's schedule gives another
-        was = types.SimpleNamespace(**{**dataclasses.asdict(cfg), **changed, "lr_decay_iters": horizon or 0})
-        lr_now, lr_was = cfg.learning_rate * lr_factor(step, cfg), was.learning_rate * lr_factor(step, was)
-        note("the run resumes with options other than it saved: " + ", ".join(
-            f"--{k} {getattr(cfg, k)} (saved: {v})" for k, v in changed.items()) + (
-            f"; its learning rate at step {step} is {lr_now:.3g}, the saved run's {lr_was:.3g}" if lr_now != lr_was
-            else ""))
+    checks.note_changes(cfg, ckpt, lr_factor)  # what the options change of the saved run: its data, schedule, ...
     # the global batch it was saved with, shared by this run's processes, so that it reads the windows the
     # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
     accum, steps = proc.accum, run.get("gradient_accumulation_steps")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from plumbing.errors import ConfigError
-from plumbing.files import JSON_BYTES, parse_json, read_text
+from plumbing.files import parse_json, read_text
 
 # log-likelihood of continuations: the multiple-choice scorer and the lm-evaluation-harness adapter share it
 
@@ -199,7 +199,7 @@ def read_task_file(path):
     if not os.path.exists(path):
         raise ConfigError(f"--lm_eval: no task file {path}; pass a task name or the path of a task .yaml file")
     fix = "fix the file (lm-evaluation-harness's task YAML)"
-    text = read_text(path, "the --lm_eval task file", fix, limit=JSON_BYTES)
+    text = read_text(path, "the --lm_eval task file", fix)
     try:
         task = yaml.load(text, Loader=yaml.SafeLoader) if "!function" not in text else {}
     except RecursionError:

@@ -1,15 +1,18 @@
 """
 Plumbing a learner may skip: what train.py checks before it writes anything, so that a run is a transaction: the
-options, the run folder, --resume against its checkpoint (the model, the data's tokenizer, the optimiser state), a
-new run's model against the data, the data splits; then the run folder's lock and append-only log. Each check
-returns what it read or raises a one-line error; what the run does with it is decided in train.py.
+run folder, taken (locked) before the checks and held to the run's end, and the files the run writes there; the
+options; --resume against its checkpoint (the model, the data's tokenizer, the optimiser state); the data splits;
+then the run's append-only log. Each check returns what it read or raises a one-line error; what the run does with
+it is decided in train.py.
 """
 import contextlib
+import dataclasses
 import glob
 import importlib.util
 import os
 import shlex
 import sys
+import types
 
 import torch
 
@@ -23,7 +26,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "e.g. `python train.py --help`")
 
 from plumbing.checkpoints import read_checkpoint
-from plumbing.errors import ConfigError
+from plumbing.errors import ConfigError, note
 from plumbing.files import open_split, output_file, parse_json, written
 from plumbing.models import build_model
 
@@ -88,6 +91,27 @@ def check_optimizer_state(ckpt, module, model_args, cfg):
                 and all(m.shape == shapes[i] for m in moments)):
             raise ConfigError(f"the optimiser state in {path} has no step (0 or more) and moments of the shape of "
                               f"parameter {i}; {fix}")
+
+
+# what a resumed run may change of the saved one, said in a note: its data, its optimiser and schedule, seed, dtype
+CHANGES = ("dataset", "data_dir", "learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
+           "decay_lr", "warmup_iters", "min_lr", "warmup_start", "seed", "dtype", "eval_iters")
+
+
+def note_changes(cfg, ckpt, lr_factor):
+    """One note naming every option of CHANGES that a resumed run (cfg) sets otherwise than its checkpoint's
+    train_config, and the learning rate of the resumed step where lr_factor (train.py's schedule) gives another for
+    the saved options (and the saved horizon of the cosine)."""
+    saved, step = ckpt.get("train_config") or {}, ckpt["iter_num"]
+    changed = {k: saved[k] for k in CHANGES if k in saved and saved[k] != getattr(cfg, k)}
+    if not changed:
+        return
+    horizon = saved.get("lr_decay_iters") or saved.get("max_iters") or 0
+    was = types.SimpleNamespace(**{**dataclasses.asdict(cfg), **changed, "lr_decay_iters": horizon})
+    lr_now, lr_was = cfg.learning_rate * lr_factor(step, cfg), was.learning_rate * lr_factor(step, was)
+    note("the run resumes with options other than it saved: " + ", ".join(
+        f"--{k} {getattr(cfg, k)} (saved: {v})" for k, v in changed.items()) + (
+        f"; its learning rate at step {step} is {lr_now:.3g}, the saved run's {lr_was:.3g}" if lr_now != lr_was else ""))
 
 
 def check_shared_batch(saved, world):

@@ -1,7 +1,9 @@
 """
 Plumbing a learner may skip: every file a script reads goes through these readers, so that a bad one ends in one
-line naming it, and every file a script writes is written whole or not at all. JSON is strict (no NaN or
-Infinity). meta.json of a prepared data set and its token splits are checked here.
+line naming it, and every file a script writes is checked like one it reads (output_file) and written whole or not
+at all, by a writer that opens nothing that can block (written). Every reader is bounded: a file read whole holds at
+most FILE_BYTES, a JSON value nests at most JSON_DEPTH deep, and JSON is strict (no NaN or Infinity). meta.json of a
+prepared data set and its token splits are checked here, the splits by every reader alike (open_split).
 """
 import contextlib
 import difflib
@@ -81,12 +83,16 @@ def written(path, mode="w"):
             os.remove(tmp)
 
 
-def read_bytes(path, what, fix, limit=None):
+# the most bytes a script reads whole: a file of text, JSON or a preset (the token splits and the weights are mapped)
+FILE_BYTES = 256 << 20
+
+
+def read_bytes(path, what, fix, limit=FILE_BYTES):
     """The bytes of the regular file at path (regular_file()); ConfigError (naming what it is and the fix) if it
     cannot be read, or holds more than limit bytes."""
     regular_file(path, what, fix)
     try:
-        if limit is not None and os.path.getsize(path) > limit:
+        if os.path.getsize(path) > limit:
             raise ConfigError(f"{what} {path} holds {os.path.getsize(path):,} bytes, more than the {limit:,} such a "
                               f"file may; {fix}")
         with open(path, "rb") as f:
@@ -95,7 +101,7 @@ def read_bytes(path, what, fix, limit=None):
         raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
 
 
-def read_text(path, what, fix, limit=None):
+def read_text(path, what, fix, limit=FILE_BYTES):
     """The UTF-8 text of the file at path (read_bytes' checks, and not UTF-8)."""
     data = read_bytes(path, what, fix, limit)
     try:
@@ -109,8 +115,7 @@ def _not_json(name):
     raise ValueError(f"{name} is not a JSON number")
 
 
-# the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most), and the most bytes of a JSON file
-JSON_DEPTH, JSON_BYTES = 64, 256 << 20
+JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
 
 
 def parse_json(text):
@@ -129,9 +134,9 @@ def parse_json(text):
     return value
 
 
-def read_json(path, what, fix, limit=JSON_BYTES):
+def read_json(path, what, fix):
     """The JSON value in the file at path; ConfigError for every way it can be wrong, naming where."""
-    text = read_text(path, what, fix, limit)
+    text = read_text(path, what, fix)
     try:
         return parse_json(text)
     except (ValueError, MemoryError) as e:

@@ -1,6 +1,8 @@
 """Every kind of file a script reads, made bad in every way a file can be bad, beside test_options.py's bad
 options. From one good file per reader, the variants: missing, a folder, empty, truncated at half, random bytes,
-not UTF-8, the right format with a field of the wrong type, and NaN where a number must be finite. Each run ends
+not UTF-8, the right format with a field of the wrong type, NaN where a number must be finite, and a value nested
+5,000 deep (JSON, and a preset's literal), which a reader that recursed into it would end in a RecursionError. Each
+run ends
 in success or in exactly one `error:` line that names the file, with a non-zero exit and no traceback, and every
 file that existed before is unchanged (a success may add its own output)."""
 import json
@@ -17,7 +19,8 @@ import train
 from conftest import run_script
 from test_errors import TINY, assert_one_error_line, checksums, write_data_set
 
-VARIANTS = ["missing", "folder", "empty", "truncated", "random_bytes", "not_utf8", "wrong_type", "nan"]
+VARIANTS = ["missing", "folder", "empty", "truncated", "random_bytes", "not_utf8", "wrong_type", "nan", "deep"]
+DEEP = "[" * 5000 + "]" * 5000
 
 
 def jsonl(*records):
@@ -134,6 +137,15 @@ def spoil(path, variant, wrong_type, nan):
         if path.endswith((".bin", ".pt", ".safetensors", ".parquet")):
             return False  # not a text format
         open(path, "wb").write(data[:len(data) // 2] + b"\xff\xfe\xc3" + data[len(data) // 2:])
+    elif variant == "deep":
+        if path.endswith(".py"):
+            open(path, "w").write(f"learning_rate = {DEEP}\n")
+        elif path.endswith(".jsonl"):  # the first record
+            open(path, "w").write(f'{{"iter": {DEEP}}}\n' + data.decode().split("\n", 1)[1])
+        elif path.endswith(".json"):
+            open(path, "w").write(DEEP)
+        else:
+            return False  # not a format that nests
     elif variant in ("wrong_type", "nan"):
         change = wrong_type if variant == "wrong_type" else nan
         if change is None:

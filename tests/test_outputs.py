@@ -2,9 +2,11 @@
 files scripts write): each run ends, before any work, in exactly one `error:` line naming the option, and nothing
 is created. Then every hint the scripts print: the command between its backticks is run, as printed, and it no
 longer fails for the reason that printed it."""
+import contextlib
 import os
 import re
 import shlex
+import signal
 
 import pytest
 
@@ -29,15 +31,17 @@ def bad_paths(tmp, kind):
     a_file = tmp / "a_file"
     a_file.write_text("x")
     (tmp / "a_folder").mkdir()
+    os.mkfifo(tmp / "a_fifo")
     ways = [("parent is a file", str(a_file / "out")), ("cannot be written", f"{UNWRITABLE}/out"),
-            ("name refused", str(tmp / ("n" * 300))), ("NUL in the name", str(tmp / "a\0b"))]
+            ("name refused", str(tmp / ("n" * 300))), ("NUL in the name", str(tmp / "a\0b")),
+            ("a FIFO", str(tmp / "a_fifo"))]
     ways.append(("a folder where a file goes", str(tmp / "a_folder")) if kind == "file" else
                 ("a file where a folder goes", str(a_file)))
     return ways
 
 
 CASES = [(script, option, kind, way) for script, options in OUTPUTS.items() for option, kind in options
-         for way in ("parent is a file", "cannot be written", "name refused", "NUL in the name",
+         for way in ("parent is a file", "cannot be written", "name refused", "NUL in the name", "a FIFO",
                      "a folder where a file goes" if kind == "file" else "a file where a folder goes")]
 
 
@@ -48,9 +52,59 @@ def test_a_bad_output_path_is_one_line_before_any_work(script, option, kind, way
     path = dict(bad_paths(tmp_path, kind))[way]
     extra = ["--out_dir", str(tmp_path / "run")] if script == "hf/export.py" else []
     before = sorted(os.listdir(tmp_path))
-    code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)  # its one error boundary, in-process
+    with alarm():
+        code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)  # its one error boundary, in-process
     assert_one_error_line(code, err, f"--{option}")
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, nothing started
+
+
+@contextlib.contextmanager
+def alarm(seconds=60):
+    """Fail, instead of holding up the suite, where the block waits (a script that opened a FIFO)."""
+    def waited(*_):
+        raise AssertionError("the script waited on a FIFO: it opened it")
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_fifo_where_a_script_writes_a_file_of_its_own_is_one_line(data_dir, tmp_path, capsys):
+    """The files a script writes without an option naming them: the run folder's (its checkpoint, its log and the
+    records a resumed run moves aside), eval.py's figures in the run folder, a sweep's results: each a FIFO in turn
+    is refused in one line before any work, and nothing waits on it."""
+    import train
+    run = tmp_path / "run"
+    train.main(["--data_dir", data_dir, "--out_dir", str(run), "--max_iters=2", "--eval_interval=2", "--n_layer=1",
+                "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--block_size=16", "--batch_size=2",
+                "--eval_iters=1", "--device=cpu"])
+    resume = ["train.py", "--data_dir", data_dir, "--out_dir", run, "--resume", "--max_iters=3"]
+    cases = [("log.superseded.jsonl", resume), ("ckpt.pt.tmp", resume),
+             ("curves.png", ["eval.py", "--curves", run]),
+             ("depth_map.png", ["eval.py", "--out_dir", run, "--loss=false", "--depth_map"]),
+             ("logit_lens.png", ["eval.py", "--out_dir", run, "--tokens=40", "--logit_lens"]),
+             ("wiring.png", ["eval.py", "--wiring", run])]
+    for name, (script, *args) in cases:
+        os.mkfifo(run / name)
+        before = sorted(os.listdir(run))
+        with alarm():
+            code, _, err = run_script(script, args, capsys)
+        assert_one_error_line(code, err, "not a regular file")
+        assert name in err and sorted(os.listdir(run)) == before, err
+        os.remove(run / name)
+    results = tmp_path / "results"
+    for name in ("RESULTS.md", "results.json", "curves.png"):
+        results.mkdir(exist_ok=True)
+        os.mkfifo(results / name)
+        with alarm():
+            code, _, err = run_script("tools/sweep.py", ["--table_only", "--results", results, "--data_dir", data_dir,
+                                                         "--reuse=", "--device=cpu"], capsys)
+        assert_one_error_line(code, err, "not a regular file")
+        assert name in err, err
+        os.remove(results / name)
 
 
 # ---- hints --------------------------------------------------------------------------------------------------

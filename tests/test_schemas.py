@@ -166,8 +166,16 @@ RESULTS = {
 }
 
 
+def results_path(kind, folder):
+    """Where in folder the commands of readers() read a results file of kind: a sweep's ablation in its own folder."""
+    name = {"decode": "decode.json", "sweep": os.path.join("ablations", "va_lr", "results.json")}.get(
+        kind, os.path.basename(RESULTS[kind][0]))
+    os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+    return os.path.join(folder, name)
+
+
 def readers(kind, path, data):
-    """[(script, args)] of the commands that read a results file of kind at path."""
+    """[(script, args)] of the commands that read a results file of kind at path (results_path())."""
     folder = os.path.dirname(path)
     if kind == "decode":
         return [("tools/bench.py", ["--decode", "--table_only", "--json", path]),
@@ -181,7 +189,7 @@ def readers(kind, path, data):
         return [("tools/kernels.py", ["--table_only", "--json", path]),
                 ("tools/kernels.py", ["--compiled", "--size=small", "--runs=vanilla", "--json",
                                       os.path.join(folder, "merged.json"), "--merge", part])]
-    return [("tools/sweep.py", ["--ablation=va_lr", "--table_only", "--results", folder,
+    return [("tools/sweep.py", ["--ablation=va_lr", "--table_only", "--results", os.path.dirname(os.path.dirname(folder)),
                                 "--data_dir", data, "--device=cpu"])]
 
 
@@ -189,20 +197,38 @@ def readers(kind, path, data):
 def test_every_field_of_a_results_file(kind, data, tmp_path, capsys):
     name, _ = RESULTS[kind]
     saved = json.load(open(os.path.join(ROOT, name)))
+    refused, tried = set(), set()
     for n, (field, mutated) in enumerate(mutations(saved)):
         folder = tmp_path / f"case{n}"
         folder.mkdir()
-        path = str(folder / ("decode.json" if kind == "decode" else os.path.basename(name)))
+        path = results_path(kind, str(folder))
         with open(path, "w") as f:
             json.dump(mutated, f)  # NaN as Python's json writes it: a token that strict JSON refuses
         before = checksums(folder)
         for script, args in readers(kind, path, data):
             code, _, err = run_script(script, args, capsys)
+            tried.add(script)
             if works_or_one_line(code, err, [path, str(folder)]):
                 continue
+            refused.add(script)
             after = checksums(folder)
             assert {k: v for k, v in after.items() if k in before} == before, (field, script)
         shutil.rmtree(folder)
+    assert refused == tried  # every reader read the file (and refused some of its mutations)
+
+@pytest.mark.parametrize("kind", list(RESULTS))
+def test_a_results_file_nested_5000_deep_is_one_line(kind, data, tmp_path, capsys):
+    """Every reader of every kind of results file, given one nested 5,000 deep (JSON's parser recurses into it), ends
+    in one line naming the file; a merge part and the tools' summary too."""
+    path = results_path(kind, str(tmp_path))
+    with open(path, "w") as f:
+        f.write("[" * 5000 + "]" * 5000)
+    for script, args in readers(kind, path, data):
+        if "--merge" in args:  # the part deep, the file it would write absent
+            shutil.copy(path, os.path.join(args[args.index("--merge") + 1], "vanilla.json"))
+        code, _, err = run_script(script, args, capsys)
+        assert not works_or_one_line(code, err, [path, str(tmp_path)]), (script, err)
+        assert "nested more than 64 deep" in err, err
 
 
 # ---- the edges a hostile user found: each one line, nothing changed ----------------------------------------------
