@@ -125,12 +125,15 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
 
 def plot_logit_lens(plt, results, path):
     """The Vertical Attention paper's Figure 9: loss and p(correct) of every layer's logit lens, one curve per
-    checkpoint."""
+    checkpoint (each layer a point), the legend giving each checkpoint's step where they differ. Returns the (closed)
+    figure."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    steps = {r["step"] for r in results}
     for r in results:
         layers = [row["layer"] for row in r["logit_lens"]]
         folder = os.path.basename(os.path.abspath(run_folder(r["out_dir"])))
         label = folder if r["model"] in folder else f"{r['model']} ({folder})"
+        label += f", step {r['step']:,}" if len(steps) > 1 and r["step"] is not None else ""
         for ax, key in zip(axes, ("loss", "p_correct")):
             ax.plot(layers, [row[key] for row in r["logit_lens"]], marker="o", label=label)
     for ax, ylabel in zip(axes, ("loss (nats)", "p(correct next token)")):
@@ -142,6 +145,7 @@ def plot_logit_lens(plt, results, path):
     with written(path, "wb") as f:  # whole or not at all, never into a FIFO
         fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------------------

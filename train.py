@@ -22,6 +22,7 @@ are in plumbing/, which a learner may skip: it checks and reads, and decides not
 import dataclasses
 import math
 import os
+import shlex
 import signal
 import time
 from contextlib import nullcontext
@@ -34,7 +35,8 @@ from common import DTYPES, SIZES, autocast, peak_flops, resolve_device, resolve_
 from hf import convert
 from plumbing import checks
 from plumbing.config import option
-from plumbing.errors import ConfigError, diverged, main_boundary, note, stopped
+from plumbing.console import Console
+from plumbing.errors import ConfigError, catch_stop_signals, diverged, main_boundary, note, stopped
 from plumbing.files import read_meta, save_checkpoint, to_json
 from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
@@ -283,32 +285,24 @@ def model_stats(raw_model, data, cfg, T, proc):
 # the log: log.jsonl (append-only), the progress bar, wandb
 
 class Log:
-    """log.jsonl, the progress bar and wandb; tokens/s and MFU over the training time since the last record, and the
-    tokens seen since the run began (every record holds them). The clock runs from start_clock() to stop_clock() or
-    the next train_record(), each of which waits for the device: the time includes the GPU's queued work, and the
-    device is synchronised only there."""
+    """log.jsonl and the console (plumbing/console.py: the progress bar, wandb); tokens/s and MFU over the training
+    time since the last record, and the tokens seen since the run began (every record holds them). The clock runs
+    from start_clock() to stop_clock() or the next train_record(), each of which waits for the device: the time
+    includes the GPU's queued work, and the device is synchronised only there."""
 
     def __init__(self, cfg, model_args, raw_model, proc, start, tokens_seen):
-        from tqdm import tqdm
         T = model_args["block_size"]
         self.master, self.path, self.device = proc.rank == 0, os.path.join(cfg.out_dir, "log.jsonl"), proc.device
         self.tokens_per_step = proc.world * proc.accum * cfg.batch_size * T
         self.run = {"world": proc.world, "gradient_accumulation_steps": proc.world * proc.accum,
                     "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
         self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
-        self.seconds, self.tokens, self.t0, self.wandb, self.tokens_seen = 0.0, 0, None, None, tokens_seen
-        # a bar on a terminal; where stderr is not one (a cluster's log file, `> log.txt 2>&1`) tqdm's disable=None
-        # turns it off, and write() prints every record as a line instead of thousands of carriage-return updates
-        self.bar = tqdm(total=cfg.max_iters, initial=start, disable=None if self.master else True, dynamic_ncols=True)
-        if self.master:
-            self.bar.write(f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
-                           f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
-                           f"{proc.device} {proc.dtype}")
-        if self.master and cfg.wandb_log:
-            import wandb
-            self.wandb = wandb
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
-                       config={**dataclasses.asdict(cfg), **model_args})
+        self.seconds, self.tokens, self.t0, self.tokens_seen = 0.0, 0, None, tokens_seen
+        header = (f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
+                  f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
+                  f"{proc.device} {proc.dtype}")
+        self.console = Console(cfg.max_iters, start, self.master, header, {**dataclasses.asdict(cfg), **model_args}
+                               if cfg.wandb_log else None, cfg.wandb_project, cfg.wandb_run_name)
 
     def start_clock(self):
         if self.t0 is None:
@@ -323,7 +317,7 @@ class Log:
     def step_done(self):
         self.tokens += self.tokens_per_step
         self.tokens_seen += self.tokens_per_step
-        self.bar.update(1)
+        self.console.step()
 
     def train_record(self, step, loss, lr):
         self.stop_clock()
@@ -334,20 +328,13 @@ class Log:
                 **({"mfu": self.flops * tok_s / self.peak} if self.peak else {}), "tokens": self.tokens_seen}
 
     def write(self, record, show=False):
-        if not self.master:
-            return
-        with open(self.path, "a") as f:
-            f.write(to_json(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=record["iter"])
-        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
-        if show or self.bar.disable:  # no bar to carry the periodic record: a line of its own, as nanoGPT prints it
-            self.bar.write(text)
-        else:
-            self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
+        if self.master:
+            with open(self.path, "a") as f:
+                f.write(to_json(record) + "\n")
+            self.console.record(record, line=show)
 
     def close(self):
-        self.bar.close()  # before any error line, so that it does not share the bar's line
+        self.console.close()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -390,6 +377,15 @@ def resumed(cfg, proc, explicit, ckpt):
         note(f"the run resumes with {per_step:,} tokens per optimiser step where it saved {was:,}; its token count "
              f"goes on from the saved {tokens:,} at step {step:,}")
     return cfg, accum, tokens
+
+
+def next_steps(cfg, step, val_loss):
+    """One line: the checkpoint the run wrote, its validation loss, and the commands that sample from it and evaluate
+    it, and how to train it on."""
+    out = shlex.quote(cfg.out_dir)
+    return (f"done: {os.path.join(cfg.out_dir, 'ckpt.pt')} holds step {step} (best val loss {val_loss:.4f}); sample "
+            f"from it: `python sample.py --out_dir {out}`; evaluate it: `python eval.py --out_dir {out}`; to train on, "
+            "run the same command with --resume and a larger --max_iters")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -436,19 +432,6 @@ def restore(raw_model, optimizer, ckpt, proc):
 
 # ----------------------------------------------------------------------------------------------------------
 # the run: every check, the decisions above, then the loop, which Ctrl-C and SIGTERM stop between two steps
-
-def catch_stop_signals():
-    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
-    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
-    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
-    stop = []
-
-    def handler(signum, frame):
-        if stop:
-            raise KeyboardInterrupt
-        stop.append(signum)
-    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
 
 def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
@@ -498,6 +481,10 @@ def run(cfg, model_args, module, explicit, proc):
         raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, None, proc.dtype)
 
     # ---- the run: from here on it may write to out_dir
+    if cfg.decay_lr and cfg.max_iters <= cfg.warmup_iters:  # a short run: its schedule never reaches the cosine
+        note(f"--max_iters {cfg.max_iters} ends within the warm-up of {cfg.warmup_iters} steps: the learning rate rises "
+             f"to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower --warmup_iters "
+             "for a run that does")
     if proc.rank == 0:
         checks.settle_log(cfg.out_dir, saved_step)  # log.jsonl: the records up to the resumed step
     model, eval_model = wrap(raw_model, cfg, proc)
@@ -536,6 +523,8 @@ def run(cfg, model_args, module, explicit, proc):
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
         if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
             torch.distributed.barrier()
+        if proc.rank == 0:  # the run's last line: where it is, and what to run next
+            print(next_steps(cfg, saved_step, best_val))
     except (KeyboardInterrupt, RuntimeError) as e:
         raise stopped(e, iter_num, saved_step, cfg, proc)
     finally:

@@ -63,18 +63,23 @@ def tokens_per_step(folder):
 
 
 def plot_curves(plt, runs, path):
-    """The training loss (thin line) and validation loss (dots) of every run, one colour per run, against tokens
-    seen as the logs record them, or against steps where a run's tokens are unknown. Returns the (closed) figure."""
+    """The training loss (a thin line through its records' points) and validation loss (its evaluations as dots,
+    unjoined: a straight line between sparse evaluations would lie above the curve, and a run evaluated less often
+    would look worse) of every run, one colour per run, against tokens seen as the logs record them, or against
+    steps where a run's tokens are unknown; the legend gives each run's steps where they differ. Returns the
+    (closed) figure."""
     tokens = all(t is not None for r in runs for _, t, _ in r["train"] + r["val"])
+    last = [max(s for s, _, _ in r["train"] + r["val"]) for r in runs]
     fig, ax = plt.subplots(figsize=(10, 5.5))
     colours = plt.get_cmap("tab10").colors
-    for i, r in enumerate(runs):
-        colour = colours[i % 10]
-        for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6), "training loss"),
-                                     (r["val"], dict(marker="o", linewidth=2, markersize=4), "validation loss")):
+    for i, (r, steps) in enumerate(zip(runs, last)):
+        colour, run = colours[i % 10], r["label"] + (f" ({steps:,} steps)" if len(set(last)) > 1 else "")
+        for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6, marker=".", markersize=3),
+                                      "training loss"),
+                                     (r["val"], dict(marker="o", linestyle="none", markersize=5), "validation loss")):
             if points:
                 ax.plot([t if tokens else s for s, t, _ in points], [v for _, _, v in points], color=colour,
-                        label=f"{r['label']}: {label}", **style)
+                        label=f"{run}: {label}", **style)
     ax.set(xlabel="tokens seen" if tokens else "step (tokens unknown: a log of an older train.py, no readable ckpt.pt)",
            ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
     ax.grid(alpha=0.3)

@@ -42,7 +42,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 if __name__ == "__main__":  # a file of an exported folder, not a script: say so, and what to run
-    raise SystemExit("hf_model.py runs inside transformers, from a folder hf/export.py writes, which "
+    raise SystemExit("hf_model.py runs inside transformers, from a folder `python -m hf.export` writes, which "
                      "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) loads; run "
                      "`python -m hf.export --help`")
 

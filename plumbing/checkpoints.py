@@ -15,7 +15,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("plumbing/checkpoints.py is a library module (the reader of train.py's checkpoints); run a script, "
              "e.g. `python train.py --help`")
 
-from plumbing.errors import ConfigError
+from plumbing.errors import ConfigError, script_command
 from plumbing.files import regular_file
 from plumbing.models import build_model, load_model_module
 from plumbing.schemas import CHECKPOINT, checked
@@ -32,6 +32,29 @@ def checkpoint_path(out_dir):
         raise ConfigError(f"--out_dir {out_dir} is a file, not a run folder or a .pt checkpoint; pass the run folder "
                           f"that holds ckpt.pt{there}")
     return os.path.join(out_dir, "ckpt.pt")
+
+
+def runs_in(*folders):
+    """The run folders (holding a ckpt.pt) among the folders and the folders inside them, sorted."""
+    found = set()
+    for folder in folders:
+        inside = [os.path.join(folder, d) for d in os.listdir(folder)] if os.path.isdir(folder) else []
+        found |= {f for f in [folder, *inside] if os.path.isfile(os.path.join(f, "ckpt.pt"))}
+    return sorted(found)
+
+
+def missing_run_hint(folder):
+    """What to do where --out_dir holds no checkpoint: use a run that exists nearby (in the folder, or in out/, where
+    the README trains them), or train one there where that is sensible: a folder not there yet, or empty, never one
+    that holds a data set or other files."""
+    runs = runs_in(folder, "out")
+    if runs:
+        shown = ", ".join(runs[:4]) + (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
+        return (f"the runs here are {shown}: pass one, e.g. `{script_command()} --out_dir {shlex.quote(runs[0])}`")
+    if os.path.isdir(folder) and os.listdir(folder):
+        what = "a prepared data set" if os.path.isfile(os.path.join(folder, "meta.json")) else "files of other kinds"
+        return f"{folder} holds {what}, not a run: pass the --out_dir of a run that train.py wrote"
+    return f"train one with `python train.py --out_dir {shlex.quote(folder)}`"
 
 
 def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False):
@@ -52,7 +75,7 @@ def read_checkpoint(path, keys=("model_name", "model_args", "model"), mmap=False
             there = os.path.isfile(os.path.join(folder, "ckpt.pt"))
             raise ConfigError(f"no checkpoint at {path}; pass an existing .pt file or a run folder"
                               f"{f' (perhaps --out_dir {shlex.quote(folder)}, which holds ckpt.pt)' if there else ''}")
-        raise ConfigError(f"no checkpoint at {path}; train one with `python train.py --out_dir {shlex.quote(folder)}`")
+        raise ConfigError(f"no checkpoint at {path}; {missing_run_hint(folder)}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # torch.load's errors differ by damage: zip reader, unpickler, EOF

@@ -109,9 +109,9 @@ def note_changes(cfg, ckpt, lr_factor):
     horizon = saved.get("lr_decay_iters") or saved.get("max_iters") or 0
     was = types.SimpleNamespace(**{**dataclasses.asdict(cfg), **changed, "lr_decay_iters": horizon})
     lr_now, lr_was = cfg.learning_rate * lr_factor(step, cfg), was.learning_rate * lr_factor(step, was)
-    note("the run resumes with options other than it saved: " + ", ".join(
-        f"--{k} {getattr(cfg, k)} (saved: {v})" for k, v in changed.items()) + (
-        f"; its learning rate at step {step} is {lr_now:.3g}, the saved run's {lr_was:.3g}" if lr_now != lr_was else ""))
+    lr = f"; its learning rate at step {step} is {lr_now:.3g}, the saved run's {lr_was:.3g}" if lr_now != lr_was else ""
+    note("the run resumes with options other than it saved: "
+         + ", ".join(f"--{k} {getattr(cfg, k)} (saved: {v})" for k, v in changed.items()) + lr)
 
 
 def check_shared_batch(saved, world):

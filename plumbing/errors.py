@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import re
+import signal
 import sys
 
 import torch
@@ -14,6 +15,17 @@ import torch
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/errors.py is a library module (the one-line errors of every script); run a script, "
              "e.g. `python train.py --help`")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+
+def script_command():
+    """How the script that runs is started: `python sample.py`, or `python -m hf.export` for one in a folder."""
+    arg = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "train.py"
+    script = os.path.abspath(arg)
+    here = os.path.relpath(script, ROOT) if script.startswith(ROOT + os.sep) else arg  # as given: hf/export.py
+    return f"python -m {here[:-3].replace(os.sep, '.')}" if os.sep in here else f"python {here}"
 
 
 class ConfigError(Exception):
@@ -112,6 +124,19 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step, dtype):
     return RunError(f"the {what} is {value} at step {step}: training diverged; check the options of this run "
                     f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of "
                     f"range){'' if dtype == 'float32' else ' or use --dtype float32'}; {kept}")
+
+
+def catch_stop_signals():
+    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop
+    reads between two steps, and the run stops there (a KeyboardInterrupt raised wherever the signal lands can be
+    swallowed by a library's cleanup code, and training would go on); a second signal interrupts at once."""
+    stop = []
+
+    def handler(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signum)
+    return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
 def lost_peer(error):

@@ -127,8 +127,9 @@ def parse_json(text):
         raise ValueError(f"nested more than {JSON_DEPTH} deep")
     level, items = 0, [value]
     while items:  # breadth first, a level at a time: no recursion
-        level, items = level + 1, [v for item in items for v in
-                                   (item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())]
+        level, items = level + 1, [v for item in items
+                                   for v in (item.values() if isinstance(item, dict) else
+                                             item if isinstance(item, list) else ())]
         if level > JSON_DEPTH:
             raise ValueError(f"nested more than {JSON_DEPTH} deep")
     return value

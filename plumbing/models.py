@@ -85,6 +85,6 @@ def check_size(config, source):
     need, have = smallest_size(config), memory()
     if have and sum(need.values()) > have:
         name = max(need, key=need.get)
-        raise ConfigError(f"a model of {name} {getattr(config, name[2:])} needs at least {sum(need.values()) / 2**30:,.1f} "
-                          f"GiB ({need[name] / 2**30:,.1f} GiB for {name}), more than the {have / 2**30:.1f} GiB of "
-                          f"memory here; lower {name} (from {source})")
+        raise ConfigError(f"a model of {name} {getattr(config, name[2:])} needs at least "
+                          f"{sum(need.values()) / 2**30:,.1f} GiB ({need[name] / 2**30:,.1f} GiB for {name}), more than "
+                          f"the {have / 2**30:.1f} GiB of memory here; lower {name} (from {source})")

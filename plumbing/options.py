@@ -18,7 +18,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "e.g. `python train.py --help`")
 
 from plumbing.config import OptionError, check_config, make_config
-from plumbing.errors import ConfigError
+from plumbing.errors import ConfigError, script_command
 from plumbing.files import read_meta, read_text
 from plumbing.models import load_model_module, model_names
 
@@ -38,8 +38,8 @@ class ArgumentParser(argparse.ArgumentParser):
             args = message.split(":", 1)[1].split()
             if any(a.endswith(".py") for a in args):
                 message += " (preset files go first, before every --option)"
-            message += "".join(f"; {h}" for h in map(self.hint, args) if h)
-        raise ConfigError(f"{message}; see {self.prog.split()[0]} --help")
+            message += "".join(f" ({h})" for h in map(self.hint, args) if h)
+        raise ConfigError(f"{message}; see {self.prog} --help")
 
     def hint(self, arg):
         """What an unknown --option probably meant: another model file's option, or the closest of this parser's."""
@@ -131,7 +131,7 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     parser.add_options(module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
     unknown = sorted(set(from_files) - train_fields - model_fields)
     if unknown:  # named as on the command line: the closest option, or the model file that has it
-        hints = "".join(f"; {h}" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
+        hints = "".join(f" ({h})" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
         raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(unknown)}{hints}; a preset "
                           "sets options only (base = \"x.py\" layers it on another preset)")
     args = vars(parser.parse_args(rest))
@@ -305,7 +305,9 @@ def attach_option_values(argv, config_class):
 
 def parse_simple(config_class, argv, doc):
     """The options of a script without config files: its dataclass from the command line, checked."""
-    parser = ArgumentParser(description=doc, formatter_class=HelpFormatter)
+    command = script_command()  # its usage line shows how it is run: sample.py, python -m tools.bench
+    parser = ArgumentParser(prog=command[len("python "):] if " -m " not in command else command, description=doc,
+                            formatter_class=HelpFormatter)
     parser.add_options(config_class, None)  # under argparse's own "options:", beside --help
     argv = attach_option_values(list(argv), config_class)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(parser.parse_args(argv)).items()}

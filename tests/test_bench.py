@@ -363,5 +363,5 @@ def test_gpu_tables_summary_reads_every_table(tmp_path):
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
     assert {"vanilla", "vertical", "aila", "attnres", "skiplayer", "skipmiddle"} <= set(rows)
     assert rows["vanilla"][1] == "1.00" and rows["vanilla"][-1] == "- |"
-    with pytest.raises(ConfigError, match="no tools/bench.py JSON file"):
+    with pytest.raises(ConfigError, match="no JSON file of python -m tools.bench"):
         gpu_tables.main(["--summary", "--out", str(tmp_path)])

@@ -171,7 +171,8 @@ def test_compiled_step_is_one_graph_and_equals_recomputation(name):
 @pytest.mark.versions
 @pytest.mark.parametrize("batch, std, bias", [(1, 0.3, 0.0), (8, 0.05, 1.3)])
 def test_compiled_skipping_step_equals_the_eager_one_greedy_and_sampled(batch, std, bias):
-    """Version-sensitive: CI runs it under each torch version of tests/test_versions.py. skipmiddle's skipping decode step compiled in its parts (each one graph, fullgraph: a graph
+    """Version-sensitive: CI runs it under each torch version of tests/test_versions.py. skipmiddle's skipping decode
+    step compiled in its parts (each one graph, fullgraph: a graph
     break fails; on CUDA each a CUDA graph) gives the eager step's tokens, greedy and sampled, at batch 1 and 8,
     with gates (weights N(0, std), gate 1's bias) that close the middle blocks for every row at some tokens and not
     at others."""

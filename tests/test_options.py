@@ -101,13 +101,13 @@ def test_every_option_takes_any_value_safely(script, name, kind, base, world, tm
 
 
 EXACT = [  # (script, arguments, what the one line must say): no prefix of an option is taken for it
-    ("train.py", ["--max_iter", "10"], "did you mean --max_iters?"),
+    ("train.py", ["--max_iter", "10"], "--max_iter 10 (did you mean --max_iters?); see train.py --help"),
     ("train.py", ["--n_layers", "4"], "did you mean --n_layer?"),
     ("train.py", ["--model", "vanilla", "--va_lr", "0.1"], "--va_lr is an option of model_vertical.py"),
     ("train.py", ["--model", "vertical", "--skip_heads", "2"], "--skip_heads is an option of model_skiplayer.py"),
-    ("train.py", ["{preset}"], "did you mean --n_layer?; --va_lr is an option of model_vertical.py"),
+    ("train.py", ["{preset}"], "(did you mean --n_layer?) (--va_lr is an option of model_vertical.py"),
     ("sample.py", ["--out_dri", "x"], "did you mean --out_dir?"),
-    ("tools/kernels.py", ["--n_lay", "2"], "did you mean --n_layer?"),
+    ("tools/kernels.py", ["--n_lay", "2"], "(did you mean --n_layer?); see python -m tools.kernels --help"),
 ]
 
 

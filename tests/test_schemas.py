@@ -189,8 +189,9 @@ def readers(kind, path, data):
         return [("tools/kernels.py", ["--table_only", "--json", path]),
                 ("tools/kernels.py", ["--compiled", "--size=small", "--runs=vanilla", "--json",
                                       os.path.join(folder, "merged.json"), "--merge", part])]
-    return [("tools/sweep.py", ["--ablation=va_lr", "--table_only", "--results", os.path.dirname(os.path.dirname(folder)),
-                                "--data_dir", data, "--device=cpu"])]
+    results = os.path.dirname(os.path.dirname(folder))  # above ablations/va_lr/
+    return [("tools/sweep.py", ["--ablation=va_lr", "--table_only", "--results", results, "--data_dir", data,
+                                "--device=cpu"])]
 
 
 @pytest.mark.parametrize("kind", list(RESULTS))

@@ -61,8 +61,9 @@ RUNS = [
 
 @dataclass
 class BenchConfig:
-    size: str = option("50m", "model shape: a preset, or small = the model files' default (the CPU quick start)",
-                       choices=("small", *SIZES))
+    size: str = option("50m", "model shape: a preset, or small = the model files' default width and depth (the CPU "
+                       "quick start's 1.5M parameters at its byte vocabulary: pass --vocab_size 257; at the default "
+                       "GPT-2 vocabulary, 14.4M)", choices=("small", *SIZES))
     block_size: int = option(256, "sequence length", min=1)
     batch_size: int = option(8, "sequences per training step", min=1)
     vocab_size: int = option(50304, "vocabulary size (GPT-2's, padded to a multiple of 64)", min=1)
@@ -79,8 +80,8 @@ class BenchConfig:
     compile: bool = option(False, "torch.compile the training step")
     warm_only: bool = option(False, "compile the step of each --runs model (training with --compile, the decode "
                              "step with --decode) and measure nothing: inductor keeps what it compiled in its cache "
-                             "on disk, from which the same command compiles again in seconds (tools/gpu_tables.py warms "
-                             "every model at once so, then times them one after another)")
+                             "on disk, from which the same command compiles again in seconds (python -m "
+                             "tools.gpu_tables warms every model at once so, then times them one after another)")
     json: str = option("", "also write the results to this JSON file", path=True, out="file")
     close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
                               "every later one for every token (blocks K to L-1-K skipped); -1 = as initialised", min=-1)

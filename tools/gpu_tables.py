@@ -64,19 +64,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 @dataclass
 class TablesConfig:
     parts: str = option(",".join(PARTS), "comma-separated parts to run, in this order: " + ", ".join(PARTS))
-    runs: str = option("vertical,skiplayer,attnres,aila,skipmiddle", "tools/bench.py's --runs: the labels measured beside "
-                       "vanilla")
+    runs: str = option("vertical,skiplayer,attnres,aila,skipmiddle", "python -m tools.bench's --runs: the labels "
+                       "measured beside vanilla")
     out: str = option("", "folder of the JSON files (written, or with --summary read); '' = results/<gpu>, the GPU's "
                       "model in lower case (h100, h200)", path=True)
-    repeats: int = option(3, "timed repeats per model (tools/bench.py --repeats)", min=1)
-    iters: int = option(5, "training steps per timed repeat (tools/bench.py --iters)", min=1)
+    repeats: int = option(3, "timed repeats per model (python -m tools.bench --repeats)", min=1)
+    iters: int = option(5, "training steps per timed repeat (python -m tools.bench --iters)", min=1)
     jobs: int = option(4, "processes compiling training steps at once before the timed parts (each holds a training "
                        "step of the 300m shape on the GPU, about 16 GB); 1 = no such phase: each part runs in turn and "
                        "compiles or counts its models itself", min=1)
     light_jobs: int = option(4, "processes at once beside those, for the first phase's jobs that hold little GPU "
                              "memory: the decode steps' compiles (batch 1) and the kernel counts, a label each (none "
                              "with --jobs 1)", min=1)
-    decode_eager: bool = option(False, "the decode part also times eager decoding (tools/bench.py --decode_modes "
+    decode_eager: bool = option(False, "the decode part also times eager decoding (python -m tools.bench --decode_modes "
                                 "eager,compiled); the summary reads only the compiled step")
     update_readme: bool = option(True, "also rewrite the tables' copies in docs/ (between each JSON's markers)")
     dry_run: bool = option(False, "print the commands and run nothing (also where there is no GPU)")
@@ -228,7 +228,7 @@ def summary(out):
                                                        "bench_300m_4096.json", "decode.json"))
     first = next((t for t in (compiled, decode, eager, long) if t), None)
     if first is None:
-        raise ConfigError(f"--summary: no tools/bench.py JSON file in {out}; run the parts first")
+        raise ConfigError(f"--summary: no JSON file of python -m tools.bench in {out}; run the parts first")
     rows = {}
     for key, table in (("compiled", compiled), ("eager", eager), ("long", long)):
         for r in (table or {}).get("results", []):

@@ -76,7 +76,7 @@ class KernelsConfig:
     batch_size: int = option(4, "sequences in the training step (--size gpt2's)", min=1)
     block_size: int = option(256, "context length: the training step's tokens per sequence; the decode step runs at "
                              "its middle, after a prefill of half of it (--size gpt2's)", min=2)
-    runs: str = option("", "comma-separated labels to count: model files, or variants as tools/bench.py names them "
+    runs: str = option("", "comma-separated labels to count: model files, or variants as python -m tools.bench names them "
                        "(vertical-unet, attnres-full, ...); '' = every model file, all = every model file and "
                        "variant; vanilla, the ratios' base, is counted too unless --with_vanilla false")
     with_vanilla: bool = option(True, "also count vanilla, the ratios' base; false = exactly the --runs labels: a part "

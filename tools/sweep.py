@@ -287,7 +287,7 @@ def check_train_args(train_args, shape):
     owned = {w.split("=")[0][2:] for w in words if w.startswith("--")} & {*OWNED, *shape}
     if owned:
         raise ConfigError(f"--train_args sets {', '.join('--' + o for o in sorted(owned))}, which the sweep sets for "
-                          "every run; use tools/sweep.py's own options (--seed, --seeds, --size, --n_layer, --block_size, "
+                          "every run; use python -m tools.sweep's own options (--seed, --seeds, --size, --n_layer, --block_size, "
                           "--batch_size, --train_iters, ...)")
 
 
@@ -295,7 +295,7 @@ def check_train_options(sweeps, shape, args):
     """Every run's train.py options as train.py reads them, before any run (the first of each model file in the
     plan): a mistake in --train_args ends in one line naming train.py's option, and no hint names an option the
     sweep sets itself."""
-    owned = {name: f"the sweep sets --{name} for every run: use tools/sweep.py {INSTEAD.get(name, '--' + name)}"
+    owned = {name: f"the sweep sets --{name} for every run: use python -m tools.sweep {INSTEAD.get(name, '--' + name)}"
              for name in (*OWNED, *shape) if name not in ("resume", "init_from")}
     checked = set()
     for s in sweeps:
