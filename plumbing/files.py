@@ -26,40 +26,30 @@ from plumbing.errors import ConfigError
 from plumbing.schemas import META, checked
 
 
-def regular_file(path, what, fix):
-    """path, after checking that it is a regular file (or a link to one): ConfigError, naming what it is and the fix,
-    for one that is missing, a folder, or a FIFO, a socket or a device, refused before it is opened (reading a FIFO
-    waits for a writer that may never come)."""
+def regular_file(path, what, fix, output=False):
+    """path, after checking that it is a regular file (or a link to one), or, for a file a script writes (output),
+    nothing yet: ConfigError, naming what it is and the fix, for one that is missing (to read), a folder, or a FIFO, a
+    socket or a device, refused before it is opened (reading a FIFO waits for a writer, writing one for a reader, that
+    may never come)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if output:  # nothing there yet (or a link to nothing, which writing makes)
+            return path
         raise ConfigError(f"{what} {path} does not exist; {fix}")
     except OSError as e:
-        raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
+        raise ConfigError(f"cannot {'write' if output else 'read'} {what} {path} ({e.strerror}); {fix}")
     if stat.S_ISDIR(mode):
-        raise ConfigError(f"{what} {path} is a folder, not a file; {fix}")
+        raise ConfigError(f"{what} {path} is a folder, {'where a file is written' if output else 'not a file'}; {fix}")
     if not stat.S_ISREG(mode):
-        raise ConfigError(f"{what} {path} is not a regular file (a FIFO, a socket or a device), which is not read; "
-                          f"{fix}")
+        raise ConfigError(f"{what} {path} is not a regular file (a FIFO, a socket or a device), "
+                          f"{'where a file is written' if output else 'which is not read'}; {fix}")
     return path
 
 
 def output_file(path, what, fix):
-    """path, after checking that a script can write a file there: nothing yet, or a regular file (or a link to one);
-    ConfigError, naming what it is and the fix, for a folder, or a FIFO, a socket or a device, refused before any work
-    (writing a FIFO waits for a reader that may never come)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:  # nothing there yet (or a link to nothing, which writing makes)
-        return path
-    except OSError as e:
-        raise ConfigError(f"cannot write {what} {path} ({e.strerror}); {fix}")
-    if stat.S_ISDIR(mode):
-        raise ConfigError(f"{what} {path} is a folder, where a file is written; {fix}")
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"{what} {path} is not a regular file (a FIFO, a socket or a device), where a file is "
-                          f"written; {fix}")
-    return path
+    """path, after checking that a script can write a file there (regular_file of an output)."""
+    return regular_file(path, what, fix, output=True)
 
 
 @contextlib.contextmanager

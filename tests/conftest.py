@@ -1,5 +1,6 @@
 import glob
 import importlib
+import json
 import os
 import runpy
 import shlex
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,3 +103,39 @@ def data_dir(tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--out_dir", str(out)],
                    cwd=ROOT, check=True, capture_output=True)
     return str(out)
+
+
+TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
+        "--batch_size=4", "--eval_iters=2", "--device=cpu"]
+
+
+# ---- shared inputs, made once per test run and read only: one tiny data set, one tiny run ----------------------
+
+@pytest.fixture(scope="session")
+def tiny_data(data_dir, tmp_path_factory):
+    """A small copy of the prepared Shakespeare data: 4,000 train and 300 val tokens."""
+    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("tiny") / "data")
+
+
+def shakespeare_sample(data_dir, out):
+    """out/shakespeare: 4,000 train and 300 val tokens of the prepared Shakespeare data."""
+    write_data_set(out / "shakespeare", np.fromfile(os.path.join(data_dir, "shakespeare", "train.bin"), np.uint16))
+    return out
+
+
+def write_data_set(folder, tokens, tokenizer="byte", vocab_size=257):
+    os.makedirs(folder)
+    tokens[:4000].tofile(folder / "train.bin")
+    tokens[4000:4300].tofile(folder / "val.bin")
+    meta = {"dataset": "shakespeare", "tokenizer": tokenizer, "vocab_size": vocab_size, "eot_token": 256,
+            "dtype": "uint16", "train_tokens": 4000, "val_tokens": 300}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_data, tmp_path_factory):
+    """A run of 2 steps: ckpt.pt and log.jsonl (a test that changes it changes a copy)."""
+    import train
+    out = tmp_path_factory.mktemp("tiny_run") / "run"
+    train.main(["--data_dir", str(tiny_data), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2", *TINY])
+    return out

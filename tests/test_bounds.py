@@ -13,20 +13,17 @@ import torch
 
 import train
 from conftest import run_script
-from test_errors import TINY, assert_one_error_line, checksums, shakespeare_sample
+from test_errors import TINY, assert_one_error_line, checksums
 
 
-@pytest.fixture(scope="module")
-def data(data_dir, tmp_path_factory):
-    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("bounds") / "data")
+@pytest.fixture
+def data(tiny_data):
+    return tiny_data  # conftest.py's, shared by the tests that read it
 
 
-@pytest.fixture(scope="module")
-def run(data, tmp_path_factory):
-    """A run of 2 steps, saved at 2."""
-    out = tmp_path_factory.mktemp("bounds_run") / "run"
-    train.main(["--data_dir", str(data), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2", *TINY])
-    return out
+@pytest.fixture
+def run(tiny_run):
+    return tiny_run  # conftest.py's run of 2 steps, saved at 2 (copied where a test changes it)
 
 
 def with_checkpoint(run, tmp_path, change):

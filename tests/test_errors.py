@@ -9,15 +9,12 @@ import json
 import os
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
 import train
-from conftest import SUB, run_script
+from conftest import SUB, TINY, run_script, shakespeare_sample, write_data_set  # noqa: F401 (for others)
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_kv_head=1", "--n_embd=32", "--ffn_hidden=64", "--block_size=32",
-        "--batch_size=4", "--eval_iters=2", "--device=cpu"]
 NO_GPU = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU: absent on every machine
 CUDA = [] if torch.cuda.is_available() else ["cuda"]  # plain `--device cuda` without a GPU, where there is none
 
@@ -40,37 +37,6 @@ def assert_one_error_line(code, err, fragment):
     assert code not in (0, None) and "Traceback" not in err, err
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert fragment in lines[0], lines[0]
-
-
-# ---- shared inputs: one tiny data set, one tiny checkpoint -----------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny_data(data_dir, tmp_path_factory):
-    """A small copy of the prepared Shakespeare data: 4,000 train and 300 val tokens."""
-    return shakespeare_sample(data_dir, tmp_path_factory.mktemp("tiny") / "data")
-
-
-def shakespeare_sample(data_dir, out):
-    """out/shakespeare: 4,000 train and 300 val tokens of the prepared Shakespeare data."""
-    write_data_set(out / "shakespeare", np.fromfile(os.path.join(data_dir, "shakespeare", "train.bin"), np.uint16))
-    return out
-
-
-def write_data_set(folder, tokens, tokenizer="byte", vocab_size=257):
-    os.makedirs(folder)
-    tokens[:4000].tofile(folder / "train.bin")
-    tokens[4000:4300].tofile(folder / "val.bin")
-    meta = {"dataset": "shakespeare", "tokenizer": tokenizer, "vocab_size": vocab_size, "eot_token": 256,
-            "dtype": "uint16", "train_tokens": 4000, "val_tokens": 300}
-    (folder / "meta.json").write_text(json.dumps(meta))
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny_data, tmp_path_factory):
-    """A run of 2 steps: ckpt.pt and log.jsonl."""
-    out = tmp_path_factory.mktemp("tiny_run") / "run"
-    train.main(["--data_dir", str(tiny_data), "--out_dir", str(out), "--max_iters=2", "--eval_interval=2", *TINY])
-    return out
 
 
 def damage_checkpoint(kind, good, path):
