@@ -733,9 +733,9 @@ def plot_results(sweep, rows, runs, path, windows):
         top.append(losses.mean(0)[min(1, steps - 1)])  # at the first evaluation after the start
         bottom.append(losses.mean(0).min())
         late += [(t, v) for t, v in zip(tokens, losses.mean(0)) if t >= 0.6 * tokens[-1]]
-    span = max(top) - min(bottom)
+    pad = 0.03 * (max(top) - min(bottom)) or 0.05  # a run of one evaluation has a flat curve: a margin all the same
     ax.set(xlabel="tokens seen (millions)", ylabel=f"validation loss (nats/token) on {windows} fixed windows",
-           xlim=(0.95 * min(first), None), ylim=(min(bottom) - 0.03 * span, max(top) + 0.03 * span),
+           xlim=(0.95 * min(first), None), ylim=(min(bottom) - pad, max(top) + pad),
            title="validation loss during training, mean over seeds")
     lo, hi = min(v for _, v in late), max(v for _, v in late)
     if len({t for t, _ in late}) > 1 and hi > lo:  # a curve of a few points has nothing to zoom on
