@@ -39,13 +39,13 @@ from tqdm import tqdm
 from analysis.curves import curves
 from analysis.depth_map import (at_uniform_start, depth_map_layout, format_depth_map, plot_depth_map, read_depth_map,
                                 uniform_note)
-from analysis.figures import pyplot_for, run_folder
+from analysis.figures import pyplot_for, run_folder, save_png
 from analysis.scoring import import_lm_eval, multiple_choice, read_mc, read_task_file, run_lm_eval
 from analysis.wiring import draw_wiring
 from common import DTYPES, autocast, describe_run, get_tokenizer, model_from_checkpoint, resolve_device, resolve_dtype
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import has_nonfinite, open_split, read_meta, to_json, written
+from plumbing.files import has_nonfinite, open_split, read_meta, to_json
 from plumbing.options import check_output, parse_simple
 
 
@@ -142,8 +142,7 @@ def plot_logit_lens(plt, results, path):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
-        fig.savefig(f, format="png", dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return fig
 

@@ -4,10 +4,10 @@ evaluated), one colour per run, against the tokens each has seen.
 """
 import os
 
-from analysis.figures import pyplot_for, run_folder
+from analysis.figures import pyplot_for, run_folder, save_png
 from plumbing.checkpoints import read_checkpoint
 from plumbing.errors import ConfigError
-from plumbing.files import parse_json, read_text, written
+from plumbing.files import parse_json, read_text
 from plumbing.options import check_output
 from plumbing.schemas import LOG_RECORD, Mismatch, check
 
@@ -85,8 +85,7 @@ def plot_curves(plt, runs, path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
-        fig.savefig(f, format="png", dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return fig
 

@@ -7,8 +7,8 @@ import textwrap
 import numpy as np
 import torch
 
+from analysis.figures import save_png
 from plumbing.errors import ConfigError
-from plumbing.files import written
 
 
 @torch.no_grad()
@@ -128,8 +128,7 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
         warning = "warning: still at its uniform start (every row equal over its sources): not trained yet"
         fig.suptitle(textwrap.fill(warning, int(width * 12)), color="darkred", fontsize=9, fontweight="bold")
     fig.tight_layout()
-    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
-        fig.savefig(f, format="png", dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return fig
 

@@ -4,6 +4,8 @@ The figures eval.py and its analyses draw: matplotlib to PNG files, where --plot
 import os
 
 from plumbing.errors import ConfigError
+from plumbing.files import written
+
 
 def run_folder(out_dir):
     """The run folder of --out_dir: the folder itself, or the folder of a .pt file."""
@@ -21,7 +23,6 @@ def import_pyplot():
     return plt
 
 
-
 def pyplot_for(plot):
     """matplotlib.pyplot where --plot asks for figures (auto: where matplotlib is installed), else None."""
     if plot == "false":
@@ -30,3 +31,9 @@ def pyplot_for(plot):
     if plt is None and plot == "true":
         raise ConfigError("--plot needs matplotlib: pip install matplotlib")
     return plt
+
+
+def save_png(fig, path, **kwargs):
+    """fig as a PNG at path, whole or not at all and never into a FIFO (written()); kwargs: savefig's."""
+    with written(path, "wb") as f:
+        fig.savefig(f, format="png", **kwargs)

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import torch
 
-from analysis.figures import pyplot_for, run_folder
+from analysis.figures import pyplot_for, run_folder, save_png
 from common import close_gates, model_from_checkpoint
 from plumbing.errors import ConfigError
-from plumbing.files import open_split, read_meta, to_json, written
+from plumbing.files import open_split, read_meta, to_json
 from plumbing.models import build_model, load_model_module
 from plumbing.options import check_output
 
@@ -181,8 +181,7 @@ def plot_wiring(plt, panels, path):
     fig.supxlabel("reads: the embedding, or block j's output (attnres: a = attention, m = MLP sublayer)", fontsize=9)
     fig.supylabel("block l (attnres: sublayer), then the head", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.5, label="share of the row's direct reads")
-    with written(path, "wb") as f:  # whole or not at all, never into a FIFO
-        fig.savefig(f, format="png", dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return fig
 

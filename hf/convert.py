@@ -46,7 +46,7 @@ from common import hf_tokenizer, need
 from plumbing.checkpoints import separate, split_fused, weights_for
 from plumbing.config import make_config
 from plumbing.errors import ConfigError, note
-from plumbing.files import read_json, to_json
+from plumbing.files import read_object as read_json_object, to_json
 from plumbing.models import build_model, model_names
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
@@ -83,12 +83,9 @@ def to_hf_name(name):
 def read_object(path):
     """The JSON object in the file at path (a folder's config.json); HFError if it is not one."""
     try:
-        value = read_json(path, "the model's", "save the model again with save_pretrained")
+        return read_json_object(path, "the model's", "save the model again with save_pretrained")
     except ConfigError as e:
         raise HFError(str(e))
-    if not isinstance(value, dict):
-        raise HFError(f"{path} is not a JSON object; save the model again with save_pretrained")
-    return value
 
 
 def read_config(folder):

@@ -19,7 +19,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
 
 from plumbing.config import OptionError, check_config, make_config
 from plumbing.errors import ConfigError, script_command
-from plumbing.files import read_meta, read_text
+from plumbing.files import output_file, read_meta, read_text
 from plumbing.models import load_model_module, model_names
 
 
@@ -263,11 +263,8 @@ def check_output(name, path, kind):
     a file where a folder goes, a part of it is a file, or the nearest folder that exists cannot be written (tried
     with a temporary file, which also finds a read-only file system and holds for root)."""
     check_name(name, path)
-    if kind == "file" and os.path.isdir(path):
-        raise ConfigError(f"{name} {path} is a folder, and the script writes a file there; name a file")
-    if kind == "file" and os.path.exists(path) and not os.path.isfile(path):  # opening it could wait forever
-        raise ConfigError(f"{name} {path} is not a regular file (a FIFO, a socket or a device), and the script writes "
-                          "a file there; name a file")
+    if kind == "file":  # a regular file or nothing yet: a folder is refused, and a FIFO, which opening could wait on
+        output_file(path, name, "name a file")
     if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{name} {path} is a file, and the script writes a folder there; choose another {name}")
     folder = path if kind == "folder" else os.path.dirname(path) or "."

@@ -1,9 +1,11 @@
+import contextlib
 import glob
 import importlib
 import json
 import os
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
 import warnings
@@ -75,6 +77,20 @@ def run_script(script, args, capsys, mode="", cwd=None):
     if isinstance(code, str):  # sys.exit(message): Python prints it and exits with 1
         return 1, captured.out, captured.err + code + "\n"
     return code, captured.out, captured.err
+
+
+@contextlib.contextmanager
+def alarm(seconds=60):
+    """Fail, instead of holding up the suite, where the block waits (a script that opened a FIFO)."""
+    def waited(*_):
+        raise AssertionError("the script waited on a FIFO: it opened it")
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import train
-from conftest import run_script
-from test_errors import TINY, assert_one_error_line, checksums
+from conftest import TINY, run_script
+from test_errors import assert_one_error_line, checksums
 
 
 @pytest.fixture

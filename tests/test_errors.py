@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from conftest import SUB, TINY, run_script, shakespeare_sample, write_data_set  # noqa: F401 (for others)
+from conftest import SUB, TINY, run_script
 
 NO_GPU = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU: absent on every machine
 CUDA = [] if torch.cuda.is_available() else ["cuda"]  # plain `--device cuda` without a GPU, where there is none

@@ -16,8 +16,8 @@ import torch
 
 from hf import export
 import train
-from conftest import run_script
-from test_errors import TINY, assert_one_error_line, checksums, write_data_set
+from conftest import TINY, run_script, write_data_set
+from test_errors import assert_one_error_line, checksums
 
 VARIANTS = ["missing", "folder", "empty", "truncated", "random_bytes", "not_utf8", "wrong_type", "nan", "deep"]
 DEEP = "[" * 5000 + "]" * 5000

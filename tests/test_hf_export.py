@@ -319,7 +319,6 @@ def test_lm_eval_hf_model_type_agrees_with_eval_py_at_any_batch_size(name, token
     from test_lm_eval import OFFLINE, TASKS
     import eval as evalpy
     import lm_eval
-    import prepare
     from lm_eval.tasks import TaskManager
     for k, v in OFFLINE.items():
         monkeypatch.setenv(k, v)

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 import train
-from conftest import run_printed, run_script
-from test_errors import TINY, assert_one_error_line, shakespeare_sample
+from conftest import TINY, run_printed, run_script, shakespeare_sample
+from test_errors import assert_one_error_line
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import sample
 from tools import sweep
 import train
 from plumbing.models import load_model_module, model_names
-from conftest import run_script
-from test_errors import checksums, write_data_set
+from conftest import run_script, write_data_set
+from test_errors import checksums
 
 PROBES = {int: ["nan", "inf", "-1", "0", str(10**30), "abc"], float: ["nan", "inf", "-1", "0", "1e300", "abc"],
           bool: ["nan", "inf", "-1", "0", str(10**30), "abc"], str: ["nan", "inf", "-1", "0", "1e300", "x" * 300],

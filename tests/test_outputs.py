@@ -2,15 +2,13 @@
 files scripts write): each run ends, before any work, in exactly one `error:` line naming the option, and nothing
 is created. Then every hint the scripts print: the command between its backticks is run, as printed, and it no
 longer fails for the reason that printed it."""
-import contextlib
 import os
 import re
 import shlex
-import signal
 
 import pytest
 
-from conftest import SUB, run_printed, run_script
+from conftest import SUB, alarm, run_printed, run_script
 from test_errors import assert_one_error_line
 
 # script -> its options that name something it writes: (option, "file" or "folder"); the arguments it needs besides
@@ -56,20 +54,6 @@ def test_a_bad_output_path_is_one_line_before_any_work(script, option, kind, way
         code, _, err = run_script(script, [*extra, f"--{option}", path], capsys)  # its one error boundary, in-process
     assert_one_error_line(code, err, f"--{option}")
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, nothing started
-
-
-@contextlib.contextmanager
-def alarm(seconds=60):
-    """Fail, instead of holding up the suite, where the block waits (a script that opened a FIFO)."""
-    def waited(*_):
-        raise AssertionError("the script waited on a FIFO: it opened it")
-    previous = signal.signal(signal.SIGALRM, waited)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_fifo_where_a_script_writes_a_file_of_its_own_is_one_line(data_dir, tmp_path, capsys):

@@ -15,8 +15,8 @@ import torch
 import train
 from plumbing import checks
 from plumbing.checkpoints import read_checkpoint
-from conftest import ROOT, run_script
-from test_errors import TINY, assert_one_error_line, checksums, shakespeare_sample
+from conftest import ROOT, TINY, run_script, shakespeare_sample
+from test_errors import assert_one_error_line, checksums
 
 
 @pytest.fixture(scope="module")

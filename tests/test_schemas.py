@@ -10,7 +10,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -18,9 +17,9 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, run_script
+from conftest import ROOT, alarm, run_script, shakespeare_sample
 from plumbing.schemas import BENCH, BENCH_DECODE, CHECKPOINT, KERNELS, META, SWEEP, Mismatch, check
-from test_errors import checksums, shakespeare_sample
+from test_errors import checksums
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--block_size=16",
         "--batch_size=2", "--eval_iters=1", "--device=cpu"]
@@ -289,20 +288,11 @@ def test_a_fifo_is_refused_before_it_is_opened(run, data, tmp_path, capsys):
     forever: every kind of file a script reads, each in turn a FIFO. Each script runs here under an alarm, so that
     one which waits fails the test instead of holding up the suite."""
     from test_errors import assert_one_error_line
-
-    def waited(*_):
-        raise AssertionError("the script waited on a FIFO: it opened it")
-    previous = signal.signal(signal.SIGALRM, waited)
-    try:
-        for what, script, args in special_files(tmp_path, run, data):
-            signal.alarm(60)
+    for what, script, args in special_files(tmp_path, run, data):
+        with alarm():
             code, _, err = run_script(script, args, capsys)
-            signal.alarm(0)
-            assert_one_error_line(code, err, "is not a regular file")
-            assert not any(p.name.startswith("new") for p in tmp_path.iterdir()), (what, script)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        assert_one_error_line(code, err, "is not a regular file")
+        assert not any(p.name.startswith("new") for p in tmp_path.iterdir()), (what, script)
 
 
 def test_presets_are_read_within_limits_and_name_where_a_value_was_set(data, tmp_path, capsys):

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import train
-from conftest import ROOT, run_script
-from test_errors import TINY, assert_one_error_line, checksums, shakespeare_sample
+from conftest import ROOT, TINY, run_script, shakespeare_sample
+from test_errors import assert_one_error_line, checksums
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -167,8 +167,8 @@ def first_jobs(todo, args):
 def run_logged(name, argv, logs):
     """(name, argv, exit code, seconds, log file) of a script run in its own process, its output written as it
     comes to logs/<name>.log (what a run stopped halfway leaves)."""
-    log, t0 = output_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away"), \
-        time.perf_counter()
+    log = output_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away")
+    t0 = time.perf_counter()
     with open(log, "w") as f:  # a regular file or none (output_file): opening it waits for nothing
         code = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     return name, argv, code, time.perf_counter() - t0, log

@@ -45,7 +45,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
-from analysis.figures import import_pyplot
+from analysis.figures import import_pyplot, save_png
 from common import DTYPES, SIZES, model_from_checkpoint
 from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
@@ -751,8 +751,7 @@ def plot_results(sweep, rows, runs, path, windows):
     ax.grid(alpha=0.3)
     delta_panel(bx, rows, colour, models, "vanilla")
     fig.tight_layout()
-    with written(path, "wb") as f:  # with the Δ panel's text right of its axes
-        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
+    save_png(fig, path, dpi=110, bbox_inches="tight")  # with the Δ panel's text right of its axes
     plt.close(fig)
 
 
@@ -819,8 +818,7 @@ def plot_ablation(sweep, rows, runs, xs, configs, path):
                 "the dense models at the same FLOPs" if "frontier" in sweep else "vanilla")
     fig.suptitle(f"{sweep['paper']}: {len(runs)} runs")
     fig.tight_layout()
-    with written(path, "wb") as f:  # with the Δ panel's text right of its axes
-        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
+    save_png(fig, path, dpi=110, bbox_inches="tight")  # with the Δ panel's text right of its axes
     plt.close(fig)
 
 
