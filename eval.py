@@ -91,12 +91,14 @@ class EvalConfig:
 @torch.no_grad()
 def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=False, progress=True, skip=False):
     """Mean next-token loss over data, read in consecutive windows; with logit_lens also per layer; skip: through
-    the model's forward_skip() (skipmiddle: tokens whose gate is 0 skip their blocks for real)."""
+    the forward of the model's inference(skip=True) hook (skipmiddle: tokens whose gate is 0 skip their blocks for
+    real)."""
     n_windows = math.ceil((len(data) - 1) / block_size)
     n_layers = model.config.n_layer
     nll = torch.zeros(n_layers + 1, dtype=torch.float64)  # per layer (logit lens) and the model's own output
     prob = torch.zeros(n_layers + 1, dtype=torch.float64)
     count = 0
+    forward = model.inference(skip=True)[0] if skip else None  # (forward, cache class): generate.py's hook
     # a bar on a terminal only (disable=None): a captured log gets no carriage returns
     for start in tqdm(range(0, n_windows, batch_size), disable=None if progress else True, desc="eval", unit="batch"):
         xs, ys = [], []
@@ -109,7 +111,7 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
         y = torch.nn.utils.rnn.pad_sequence(ys, batch_first=True, padding_value=-1).to(device)
         with ctx:
             if skip:
-                (logits, _), hidden = model.forward_skip(x), []
+                (logits, _), hidden = forward(x), []
             else:
                 logits, _, hidden = model(x, return_hidden=True)
             outputs = [model.lm_head(model.norm(h)) for h in hidden] if logit_lens else []
@@ -195,7 +197,7 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
         loss, prob, count = evaluate_split(model, data, block_size, args.batch_size, device, ctx,
                                            logit_lens=args.logit_lens, progress=not args.json)
         result.update(tokens=count, loss=loss[-1].item(), perplexity=math.exp(loss[-1].item()))
-        if args.loss and getattr(model.config, "gated", False) and hasattr(model, "forward_skip"):
+        if args.loss and getattr(model.config, "gated", False) and hasattr(model, "inference"):
             loss_skip = evaluate_split(model, data, block_size, args.batch_size, device, ctx, progress=not args.json,
                                        skip=True)[0]
             result["loss_skip"] = loss_skip[-1].item()  # the same loss with the skipped blocks really skipped

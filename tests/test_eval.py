@@ -155,3 +155,50 @@ def test_rolling_windows_score_every_token_once():
         pairs = scoring.rolling_pairs(ids, 256, block_size)
         assert sum((k for _, k in pairs), []) == ids
         assert all(c and len(c) + len(k) <= block_size + 1 for c, k in pairs)
+
+
+def test_skipmiddle_loss_with_skipping_on_the_console_and_in_json(tiny_data, tmp_path, script, monkeypatch):
+    """docs/skipmiddle.md: eval.py reports a skip-middle run's loss with the skipped blocks really skipped. With
+    every gate open it is the dense loss; with blocks 1 and 2 closed (common.close_gates) those blocks never run
+    in the skipping pass, and the loss is the closed model's, not the open one's."""
+    import model_skipmiddle
+    from common import close_gates
+    run = tmp_path / "run"
+    train.main(["--model", "skipmiddle", "--data_dir", str(tiny_data), "--out_dir", str(run), "--max_iters=2",
+                "--eval_interval=2", *TINY, "--n_layer=4"])
+    ckpt = torch.load(run / "ckpt.pt", map_location="cpu", weights_only=False)
+    model = model_skipmiddle.GPT(model_skipmiddle.GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    folders = {}
+    for name, first in (("open", None), ("closed", 1)):
+        if first is None:
+            with torch.no_grad():
+                for gate in model.gates:  # zero gate parameters: every gate exactly 1
+                    gate.weight.zero_()
+                    gate.bias.zero_()
+        else:
+            close_gates(model, first)  # blocks 1 and 2 closed for every token
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        torch.save({**ckpt, "model": model.state_dict()}, folders[name] / "ckpt.pt")
+    calls = []  # the blocks the passes run, in order
+    monkeypatch.setattr(model_skipmiddle.Block, "__call__",
+                        lambda self, *a, **k: calls.append(self.attn.layer_idx) or torch.nn.Module.__call__(self, *a, **k))
+    results, printed, ran = {}, {}, {}
+    for name, folder in folders.items():
+        code, out, err = script("eval.py", "--out_dir", folder, "--json")
+        assert code == 0, err
+        results[name] = json.loads(out)
+        calls.clear()
+        code, out, err = script("eval.py", "--out_dir", folder)
+        assert code == 0, err
+        ran[name] = list(calls)
+        printed[name] = [float(out.split(word)[1].split()[0]) for word in ("| loss ", "loss with skipping ")]
+        assert printed[name] == pytest.approx([results[name]["loss"], results[name]["loss_skip"]], abs=1e-4)
+    assert results["open"]["loss_skip"] == pytest.approx(results["open"]["loss"], abs=1e-5)
+    assert printed["open"][0] == printed["open"][1]
+    closed = results["closed"]
+    assert abs(closed["loss_skip"] - results["open"]["loss_skip"]) > 1e-3
+    assert closed["loss_skip"] == pytest.approx(closed["loss"], abs=1e-4)  # a 0 gate skips what it multiplies by 0
+    batches = 2  # 10 windows of 32 tokens in 300, 8 a batch: the dense pass runs every block, the skipping one 0 and 3
+    assert ran["open"] == [0, 1, 2, 3] * batches * 2 and ran["closed"] == [0, 1, 2, 3] * batches + [0, 3] * batches
