@@ -15,7 +15,8 @@ a module of analysis/):
               acc_norm with the log-likelihood per character of the choice.
 --lm_eval T   the tasks T (comma-separated names or .yaml files) through lm-evaluation-harness itself
               (pip install -r requirements-eval.txt).
---curves R..  the training and validation loss of your own runs side by side, from their log.jsonl (a PNG).
+--curves R..  the training and validation loss of your own runs side by side, from their log.jsonl (a PNG), with a
+              zoom on the last 40% of training, where the runs' final losses can be told apart.
 --wiring [R..] which earlier representations each block (attnres: each sublayer) reads directly, and how much of
               what it computes comes from each, measured with autograd on the model files: every model and the
               variants its paper compares at initialisation (bare --wiring, or `init`), or your runs (a PNG).

@@ -4,7 +4,7 @@ evaluated), one colour per run, against the tokens each has seen.
 """
 import os
 
-from analysis.figures import pyplot_for, run_folder, save_png
+from analysis.figures import pyplot_for, run_folder, save_png, zoom_range
 from plumbing.checkpoints import read_checkpoint
 from plumbing.errors import ConfigError
 from plumbing.files import parse_json, read_text
@@ -66,24 +66,37 @@ def plot_curves(plt, runs, path):
     """The training loss (a thin line through its records' points) and validation loss (its evaluations as dots,
     unjoined: a straight line between sparse evaluations would lie above the curve, and a run evaluated less often
     would look worse) of every run, one colour per run, against tokens seen as the logs record them, or against
-    steps where a run's tokens are unknown; the legend gives each run's steps where they differ. Returns the
-    (closed) figure."""
+    steps where a run's tokens are unknown; the legend gives each run's steps where they differ. A second panel
+    zooms on the last 40% of training, its y-range fitted to the losses there (analysis.figures.zoom_range): the
+    whole run's range hides final losses a few hundredths apart. Returns the (closed) figure: axes[0] the whole
+    run, axes[1] the zoom."""
     tokens = all(t is not None for r in runs for _, t, _ in r["train"] + r["val"])
     last = [max(s for s, _, _ in r["train"] + r["val"]) for r in runs]
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     colours = plt.get_cmap("tab10").colors
+    drawn = []  # every curve's points (x, y), for the zoom
     for i, (r, steps) in enumerate(zip(runs, last)):
         colour, run = colours[i % 10], r["label"] + (f" ({steps:,} steps)" if len(set(last)) > 1 else "")
         for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6, marker=".", markersize=3),
                                       "training loss"),
                                      (r["val"], dict(marker="o", linestyle="none", markersize=5), "validation loss")):
             if points:
-                ax.plot([t if tokens else s for s, t, _ in points], [v for _, _, v in points], color=colour,
-                        label=f"{run}: {label}", **style)
-    ax.set(xlabel="tokens seen" if tokens else "step (tokens unknown: a log of an older train.py, no readable ckpt.pt)",
-           ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
+                xs, ys = [t if tokens else s for s, t, _ in points], [v for _, _, v in points]
+                ax.plot(xs, ys, color=colour, label=f"{run}: {label}", **style)
+                zoom.plot(xs, ys, color=colour, **style)
+                drawn.append(list(zip(xs, ys)))
+    xlabel = "tokens seen" if tokens else "step (tokens unknown: a log of an older train.py, no readable ckpt.pt)"
+    ax.set(xlabel=xlabel, ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    limits = zoom_range(drawn)
+    if limits is None:  # one point, or flat curves: nothing to zoom on
+        zoom.set_title("the end of training: nothing to zoom on", fontsize=9)
+    else:
+        zoom.set(xlim=limits[0], ylim=limits[1])
+        zoom.set_title("the last 40% of training, the y-axis fitted to its losses", fontsize=9)
+    zoom.set(xlabel=xlabel if tokens else "step")
+    zoom.grid(alpha=0.3)
     fig.tight_layout()
     save_png(fig, path, dpi=120)
     plt.close(fig)

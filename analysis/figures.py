@@ -33,6 +33,24 @@ def pyplot_for(plot):
     return plt
 
 
+def zoom_range(curves, share=0.4, margin=0.05):
+    """The zoom on the end of training that a comparison concludes from: ((x0, x1), (y0, y1)) around the points
+    (x, y) of every curve in the last `share` of its own x-range, the y-range fitting just them (with a `margin`
+    of their spread each side), so that final losses a few hundredths apart are told apart; None where there is
+    nothing to zoom on (the late points at one x, or all at one y)."""
+    late = []
+    for points in curves:
+        xs = [x for x, _ in points]
+        if xs:
+            start = max(xs) - share * (max(xs) - min(xs))
+            late += [(x, y) for x, y in points if x >= start]
+    xs, ys = [x for x, _ in late], [y for _, y in late]
+    if len(set(xs)) < 2 or max(ys) == min(ys):
+        return None
+    pad = margin * (max(ys) - min(ys))
+    return (min(xs), max(xs)), (min(ys) - pad, max(ys) + pad)
+
+
 def save_png(fig, path, **kwargs):
     """fig as a PNG at path, whole or not at all and never into a FIFO (written()); kwargs: savefig's."""
     with written(path, "wb") as f:

@@ -169,6 +169,27 @@ def test_curves_default_path_and_steps_without_a_checkpoint(plt, tmp_path, capsy
     assert "logs_only: 10 steps" in capsys.readouterr().out and not (run_dir / "curves.png").exists()
 
 
+def test_curves_zoom_on_the_end_of_training_fits_the_final_losses(plt, tmp_path):
+    """Two runs that fall from 5.5 to final losses 0.03 apart: the whole run's panel cannot tell them apart, the
+    zoom on the last 40% of training (axes[1]) spans only their late losses, with both final values inside."""
+    logs = []
+    for name, final in (("a", 2.00), ("b", 2.03)):
+        train = [(s, s * 128, final + 3.5 * 0.7 ** (s / 10)) for s in range(0, 201, 10)]
+        val = [(s, t, v + 0.01) for s, t, v in train[::5]]
+        logs.append({"folder": name, "label": name, "train": train, "val": val})
+    fig = curves.plot_curves(plt, logs, tmp_path / "zoom.png")
+    assert len(fig.axes) == 2
+    whole, zoom = fig.axes
+    late = [v for r in logs for s, _, v in r["train"] + r["val"] if s >= 0.6 * 200]
+    lo, hi = zoom.get_ylim()
+    assert lo <= min(late) and max(late) <= hi and hi - lo < 1.2 * (max(late) - min(late))
+    assert (hi - lo) < 0.1 * (whole.get_ylim()[1] - whole.get_ylim()[0])
+    assert zoom.get_xlim() == (0.6 * 200 * 128, 200 * 128)
+    assert "last 40%" in zoom.get_title()
+    assert figures.zoom_range([[(0, 1.0), (10, 1.0)]]) is None  # flat: nothing to zoom on
+    assert figures.zoom_range([[(0, 5.0), (6, 3.0), (8, 2.5), (10, 2.0)]]) == ((6, 10), (2.0 - 0.05, 3.0 + 0.05))
+
+
 def test_curves_errors(tmp_path, script):
     one_line_error(script("eval.py", "--curves", tmp_path / "nowhere"), "--curves", "no run folder", "nowhere")
     with pytest.raises(ConfigError, match="has no log.jsonl"):
