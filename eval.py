@@ -7,7 +7,7 @@ a module of analysis/):
 --logit_lens  for every layer, the loss and the mean probability of the correct next token when the final norm
               and the head read that layer's output (the Vertical Attention paper's Figure 9); one curve per
               --out_dir in one plot.
---depth_map   the model's cross-layer weights, depth_map(), as a layers x sources table (its Tables 5-7)
+--depth_map   the model's cross-layer weights, depth_map(), as a blocks x sources table (its Tables 5-7)
               and a heat map, read after one forward pass over --batch_size validation windows (the maps of
               attnres and aila depend on the input; skipmiddle's mean gates are measured on it).
 --mc FILE     few-shot multiple choice (its Table 4, as lm-evaluation-harness scores it): every choice is
@@ -40,7 +40,7 @@ from tqdm import tqdm
 from analysis.curves import curves
 from analysis.depth_map import (at_uniform_start, depth_map_layout, format_depth_map, plot_depth_map, read_depth_map,
                                 uniform_note)
-from analysis.figures import pyplot_for, run_folder, save_png
+from analysis.figures import DEPTH_MAP_AND_WIRING, pyplot_for, run_folder, save_png
 from analysis.scoring import import_lm_eval, multiple_choice, read_mc, read_task_file, run_lm_eval
 from analysis.wiring import draw_wiring
 from common import DTYPES, autocast, describe_run, get_tokenizer, model_from_checkpoint, resolve_device, resolve_dtype
@@ -241,6 +241,7 @@ def report(result, model, args):
         m = torch.tensor(result["depth_map"])
         layout = depth_map_layout(model, result["model"], m)
         print(f"  depth map: a row per block; columns: {layout['xlabel'] or 'one'}; a cell: {layout['cbar']}")
+        print(textwrap.indent(textwrap.fill(DEPTH_MAP_AND_WIRING, 110), "  "))
         for line in format_depth_map(m, model.config.n_layer, layout):
             print("  " + line)
         if "depth_map_png" in result:

@@ -1,5 +1,5 @@
 """
-eval.py --depth_map: a model's learned cross-layer weights (its depth_map()) as a table of layers x sources, as the
+eval.py --depth_map: a model's learned cross-layer weights (its depth_map()) as a table of blocks x sources, as the
 Vertical Attention paper's Tables 5-7 print them, and as a heat map in which a cell the row cannot read is blank.
 """
 import textwrap
@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import torch
 
-from analysis.figures import save_png
+from analysis.figures import DEPTH_MAP_AND_WIRING, save_png
 from plumbing.errors import ConfigError
 
 
@@ -28,14 +28,14 @@ def read_depth_map(model, model_name, data, block_size, batch_size, device, ctx)
 
 def row_labels(n_rows, n_layer):
     if n_rows == n_layer:
-        return [f"layer {l + 1}" for l in range(n_rows)]
+        return [f"block {l + 1}" for l in range(n_rows)]
     if n_rows == 2 * n_layer + 1:  # one row per sublayer, then the output (attnres)
         return [f"{kind} {l // 2 + 1}" for l, kind in zip(range(2 * n_layer), ["attn", "mlp"] * n_layer)] + ["output"]
     return [f"row {r}" for r in range(n_rows)]
 
 
 def format_depth_map(m, n_layer, layout=None, decimals=2):
-    """The map as text lines: one row per layer, one column per source (the Vertical Attention paper's
+    """The map as text lines: one row per block, one column per source (the Vertical Attention paper's
     Tables 5-7), labelled as depth_map_layout() says; a cell the row cannot read is blank."""
     labels = row_labels(m.size(0), n_layer)
     columns = layout["columns"] if layout else [str(c) for c in range(m.size(1))]
@@ -52,7 +52,7 @@ def depth_map_layout(model, name, m):
     """How to draw the matrix m of model.depth_map(), as each model file's depth_map() docstring defines it: a dict
     of columns (tick labels: "emb" = the embedding, j = block j's output, or what the model's columns are), xlabel,
     cbar (what a cell holds), valid (bool, rows x columns: the cells a row can read; a row never reads a later
-    layer's output) and learned (the map is trained from a uniform start, so that the start can be recognised)."""
+    block's output) and learned (the map is trained from a uniform start, so that the start can be recognised)."""
     rows, cols = m.shape
     causal = torch.ones(rows, cols, dtype=torch.bool).tril()  # row l reads columns 0..l
     sources = ["emb"] + [str(j) for j in range(1, cols)]
@@ -66,7 +66,7 @@ def depth_map_layout(model, name, m):
         counts = [j + 1 + (cols > rows) for j in range(rows)]  # layer j (0-indexed): j + 1 sources, arch 1 also h~_j
         layout.update(columns=sources, cbar="mean alpha (over tokens and heads)", learned=True,
                       valid=read_counts(counts, rows, cols),
-                      xlabel="source: the embedding (emb), then layer j's output (j)"
+                      xlabel="source: the embedding (emb), then block j's output (j)"
                       + ("; row j's column j: its own block output" if cols > rows else ""))
     elif name == "attnres":  # mean softmax weight: the embedding, then block n's (partial) sum
         full = getattr(model.config, "attn_res", "") == "full"
@@ -76,7 +76,7 @@ def depth_map_layout(model, name, m):
                                                                       "block n's sum (n; partial while open)"))
     elif name == "skiplayer":  # fixed: the fraction of layer l's query heads reading layer j's keys and values
         layout.update(columns=[str(j) for j in range(1, cols + 1)], valid=causal,
-                      xlabel="the layer whose keys and values the heads read", cbar="fraction of the query heads")
+                      xlabel="the block whose keys and values the heads read", cbar="fraction of the query heads")
     elif name == "skipmiddle":  # the mean gate of every block
         layout.update(columns=["mean gate"], xlabel="", cbar="mean gate (1: the block runs, 0: skipped)")
     return layout
@@ -122,12 +122,12 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
     ax.set_yticks(range(rows), labels=row_labels(rows, n_layer))
     ax.set(xlabel=layout["xlabel"], title=textwrap.fill(title, int(width * 8)))
     fig.colorbar(image, ax=ax, label=layout["cbar"])
-    if not valid.all():
-        fig.text(0.01, 0.01, "grey: a source this row cannot read", fontsize=7, color="0.4")
+    caption = ("grey: a source this row cannot read. " if not valid.all() else "") + DEPTH_MAP_AND_WIRING
+    fig.text(0.01, 0.01, textwrap.fill(caption, int(width * 16)), fontsize=7, color="0.3", va="bottom")
     if at_uniform_start(m, layout):
         warning = "warning: still at its uniform start (every row equal over its sources): not trained yet"
         fig.suptitle(textwrap.fill(warning, int(width * 12)), color="darkred", fontsize=9, fontweight="bold")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1 + 0.45 / fig.get_figheight(), 1, 1))  # room for the caption below
     save_png(fig, path, dpi=120)
     plt.close(fig)
     return fig

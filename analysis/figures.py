@@ -6,6 +6,12 @@ import os
 from plumbing.errors import ConfigError
 from plumbing.files import written
 
+# what the depth map (eval.py --depth_map) and the wiring figure (--wiring) measure, said the same way by both
+DEPTH_MAP_AND_WIRING = ("The depth map prints the weights each block learned for its sources (the Vertical Attention "
+                        "paper's alpha, before its eq. 3 re-weighting by 1/||h||); the wiring figure measures, with "
+                        "autograd, how much of what each block reads comes from each source, which also counts each "
+                        "source's norm ||h||: the two differ where the norms do.")
+
 
 def run_folder(out_dir):
     """The run folder of --out_dir: the folder itself, or the folder of a .pt file."""

@@ -5,11 +5,12 @@ variants its paper compares at initialisation, or trained runs.
 """
 import os
 import sys
+import textwrap
 
 import numpy as np
 import torch
 
-from analysis.figures import pyplot_for, run_folder, save_png
+from analysis.figures import DEPTH_MAP_AND_WIRING, pyplot_for, run_folder, save_png
 from common import close_gates, model_from_checkpoint
 from plumbing.errors import ConfigError
 from plumbing.files import open_split, read_meta, to_json
@@ -181,6 +182,7 @@ def plot_wiring(plt, panels, path):
     fig.supxlabel("reads: the embedding, or block j's output (attnres: a = attention, m = MLP sublayer)", fontsize=9)
     fig.supylabel("block l (attnres: sublayer), then the head", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.5, label="share of the row's direct reads")
+    fig.suptitle(textwrap.fill(DEPTH_MAP_AND_WIRING, int(28 * cols + 10)), fontsize=9)
     save_png(fig, path, dpi=110)
     plt.close(fig)
     return fig
@@ -194,6 +196,8 @@ def draw_wiring(args):
     if plt is not None and not args.plot_path:
         check_output("--wiring", path, "file")
     panels = wiring_panels(args)
+    if not args.json:
+        print(textwrap.fill(DEPTH_MAP_AND_WIRING, 110))
     for caption, gains, rows, cols in panels:
         if args.json:
             print(to_json({"wiring": caption, "rows": rows, "columns": cols, "gains": gains.tolist()}))

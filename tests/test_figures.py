@@ -64,7 +64,7 @@ def test_vertical_depth_map_figure(plt, tmp_path):
     ax, bar = fig.axes
     L = SHAPE["n_layer"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", "1", "2", "3"]  # sources: embedding, blocks
-    assert [t.get_text() for t in ax.get_yticklabels()] == [f"layer {l}" for l in range(1, L + 1)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"block {l}" for l in range(1, L + 1)]
     assert "embedding" in ax.get_xlabel() and "alpha" in bar.get_ylabel()
     assert "out/vertical" in ax.get_title() and "step 7" in ax.get_title()
     blank = blank_cells(ax)  # above the diagonal: sources a layer cannot read, drawn blank
@@ -128,6 +128,26 @@ def test_depth_map_note_at_the_uniform_start(plt, runs, capsys):
     out = capsys.readouterr().out
     assert "still at its uniform start" in out and "depth_map.png" in out
     assert os.path.getsize(os.path.join(runs["vertical"], "depth_map.png")) > 0
+
+
+def test_depth_map_and_wiring_say_what_each_measures_in_the_same_words(plt, runs, tmp_path, capsys):
+    """One sentence, in blocks (not layers), says what the depth map and the wiring figure measure and why they
+    differ: where each prints, in each figure, and in the docs that describe them."""
+    from analysis import wiring
+    said = figures.DEPTH_MAP_AND_WIRING
+    flat = lambda text: " ".join(text.split())
+    assert "block" in said and "layer" not in said and "alpha" in said and "1/||h||" in said and "autograd" in said
+    evalpy.main(["--out_dir", runs["vertical"], "--loss=false", "--depth_map"])
+    assert said in flat(capsys.readouterr().out)
+    fig = depth_map_figure(plt, "vertical", tmp_path)[3]
+    assert any(said in flat(t.get_text()) for t in fig.texts)
+    assert not any("layer" in t.get_text() for t in fig.axes[0].get_yticklabels())
+    evalpy.main(["--wiring", runs["vanilla"], "--plot_path", str(tmp_path / "wiring.png")])
+    assert said in flat(capsys.readouterr().out)
+    panel = ("vanilla", torch.eye(3), ["1", "2", "head"], ["emb", "1", "2"])
+    assert said in flat(wiring.plot_wiring(plt, [panel], tmp_path / "one.png").get_suptitle())
+    for doc in ("docs/scripts.md", "docs/tests.md"):
+        assert said in flat(open(os.path.join(ROOT, doc)).read()), doc
 
 
 def test_curves_of_two_runs(plt, runs, tmp_path, capsys):
