@@ -95,11 +95,12 @@ def compile_decode_step(model, device):
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, step=None,
-             **options):
+             on_token=None, **options):
     """Continue idx (B, T) by max_new_tokens tokens; temperature 0 is greedy decoding. With the cache, the
     window is prefilled and every further token is one step(idx, input_pos, cache) (default decode_step; a script
-    passes compile_decode_step()'s); use_cache=False recomputes the whole window for every token. options go
-    to the model's inference() hook (skipmiddle: skip)."""
+    passes compile_decode_step()'s); use_cache=False recomputes the whole window for every token. on_token, if
+    given, is called with every new token (B, 1) as it comes (sample.py prints it). options go to the model's
+    inference() hook (skipmiddle: skip)."""
     forward, cache_class = inference(model, **options)
     step = step or functools.partial(decode_step, model)
     S = model.config.block_size
@@ -119,6 +120,8 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             input_pos += 1  # in place: no new tensor (on CUDA no copy from the host) per token
         nxt = sample_next(logits, temperature, top_k, top_p)  # (B, 1), contiguous: the step's input
         idx = torch.cat((idx, nxt), dim=1)
+        if on_token is not None:
+            on_token(nxt)
     return idx
 
 
@@ -135,8 +138,12 @@ def sample_next(logits, temperature, top_k, top_p):
 def sampling_probs(logits, temperature, top_k=None, top_p=None):
     """The distribution a token is sampled from, per row of logits (B, vocab), in this order: softmax(logits /
     temperature); then only the top_k most likely tokens (None or 0: all); then only the smallest set of the most
-    likely tokens whose probability reaches top_p (None or 1: all); renormalised after each cut."""
-    logits = logits.float() / temperature
+    likely tokens whose probability reaches top_p (None or 1: all); renormalised after each cut. A temperature so
+    small that logits / temperature overflows (a row whose largest value is inf or NaN) is the limit it tends to:
+    greedy, all the probability on the row's most likely token."""
+    scaled = logits.float() / temperature
+    greedy = torch.full_like(scaled, float("-inf")).scatter(-1, logits.argmax(-1, keepdim=True), 0.0)
+    logits = torch.where(scaled.amax(-1, keepdim=True).isfinite(), scaled, greedy)  # no host synchronisation
     if top_k is not None and top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -68,6 +68,17 @@ def test_temperature_zero_is_greedy_whatever_the_filters():
         assert sample_next(logits, 0, top_k, top_p).tolist() == [[1], [0]]
 
 
+def test_a_vanishing_temperature_is_greedy_whatever_the_filters():
+    """logits / 1e-300 overflows to inf (and 0 / 0 to NaN): the limit of a vanishing temperature, greedy decoding,
+    not a NaN distribution."""
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.0], [3.0, 0.0, 2.9, -5.0], [-1.0, -2.0, -0.5, -3.0]])
+    for temperature in (1e-300, 1e-45):
+        for top_k, top_p in ((None, None), (1, 0.5), (3, 1.0), (200, 0.9)):
+            assert sample_next(logits, temperature, top_k, top_p).tolist() == [[1], [0], [2]]
+            assert sampling_probs(logits, temperature, top_k, top_p).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0],
+                                                                                  [0, 0, 1, 0]]
+
+
 def test_sample_py_passes_its_filters_to_the_sampler(script, tmp_path, data_dir):
     """--top_k 1 and --top_p 0 leave one token each step, so that sampling at temperature 1 gives the greedy text;
     at --top_k 0 and --top_p 1 (no filter) it does not."""
@@ -84,3 +95,5 @@ def test_sample_py_passes_its_filters_to_the_sampler(script, tmp_path, data_dir)
         assert code == 0 and out == greedy, (filters, out, greedy)
     code, out, _ = script("sample.py", *common, "--temperature=1", "--top_k=0", "--top_p=1")
     assert code == 0 and out != greedy
+    code, out, err = script("sample.py", *common, "--temperature=1e-300")  # the smallest the option allows, nearly
+    assert code == 0 and out == greedy, (out, err)
