@@ -2,7 +2,8 @@
 Text from a checkpoint: python sample.py --out_dir out --start "ROMEO:" --num_samples 3
 
 The model file, its config and the tokenizer all come from the checkpoint. Generation uses the key/value
-cache; past the context length it keeps going on the most recent tokens.
+cache; past the context length it keeps going on the most recent tokens. Each new token's text is printed as it
+comes.
 """
 import sys
 import time
@@ -50,6 +51,27 @@ def read_prompt(start):
     return start
 
 
+class Printer:
+    """Prints a sample as its tokens come, flushed: after every token the whole sequence is decoded again and what
+    it adds is printed. A trailing U+FFFD (the decoder's replacement character) is held back until the end: it may
+    be a character whose bytes are still coming (the byte tokenizer emits UTF-8 a byte at a time). hide: the text
+    at the start left unprinted (a prompt of whitespace only)."""
+
+    def __init__(self, decode, ids, hide=""):
+        self.decode, self.ids, self.hide, self.shown = decode, list(ids), hide, 0
+        self.show()
+
+    def __call__(self, token):  # generate()'s on_token: the new token (1, 1)
+        self.ids.append(token[0, 0].item())
+        self.show()
+
+    def show(self, final=False):
+        text = self.decode(self.ids)[len(self.hide):]
+        text = text if final else text.rstrip("\ufffd")
+        print(text[self.shown:], end="\n" if final else "", flush=True)
+        self.shown = max(self.shown, len(text))
+
+
 def parse_args(argv):
     return parse_simple(SampleConfig, argv, __doc__)
 
@@ -85,13 +107,14 @@ def main(argv):
         with ctx:
             generate(model, x, 2, temperature=0, step=step, **skip)  # a prefill and one decode step: it compiles
         print(f"# decode step compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    hide = prompt if not prompt.strip() and decode(ids).startswith(prompt) else ""  # a whitespace prompt: unprinted
     torch.manual_seed(cfg.seed)
     for _ in range(cfg.num_samples):
+        printer = Printer(decode, ids, hide)  # each token's text printed as it comes
         with ctx:
-            y = generate(model, x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
-                         top_p=cfg.top_p, use_cache=cfg.use_cache, step=step, **skip)
-        text = decode(y[0].tolist())
-        print(text[len(prompt):] if not prompt.strip() and text.startswith(prompt) else text)
+            generate(model, x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                     top_p=cfg.top_p, use_cache=cfg.use_cache, step=step, on_token=printer, **skip)
+        printer.show(final=True)  # what was held back, and the end of the line
         print("---------------")
 
 
