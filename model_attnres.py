@@ -2,7 +2,7 @@
 Attention Residuals (AttnRes): every sublayer reads a learned softmax over depth instead of the residual sum.
 
 Paper: Kimi Team, "Attention Residuals" (arXiv 2603.15031), as read through its open reproduction, "Open Attention
-Residuals: Replacing Additive Residuals with Learned Cross-Layer Attention" (Cheng Luo and Zefan Cai, March 2025).
+Residuals: Replacing Additive Residuals with Learned Cross-Layer Attention" (Cheng Luo and Zefan Cai, 2026).
 Each attention and each MLP of the L blocks is a sublayer: 2L of them, in the order attn_1, mlp_1, attn_2, ...
 Sublayer l computes f_l = Attn(Norm(h_l)) or MLP(Norm(h_l)) with vanilla's modules, on the depth mix
     h_l = sum_i a_{l,i} v_i,    a_{l,i} = softmax_i( w_l . RMSNorm_l(v_i) )    (per token, over the sources i)

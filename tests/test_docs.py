@@ -134,3 +134,25 @@ def test_the_readme_is_short_and_opens_on_the_wiring_figure():
         assert os.path.isfile(os.path.join(ROOT, link)), link
     for page in ("scripts", "results", "benchmarks", "huggingface", "recipes", "tests"):
         assert f"(docs/{page}.md)" in text, page
+
+
+def test_open_attnres_is_dated_2026_everywhere():
+    """The README dates Open AttnRes 2026 (its report's own "March 2025" is a slip: it reproduces a paper of March
+    2026, arXiv 2603.15031); the model file and its page say so too."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert re.search(r"\| Open AttnRes \|[^|]+\| Cheng Luo, Zefan Cai \| 2026", readme)
+    for path in ("model_attnres.py", "docs/attnres.md"):
+        text = " ".join(open(os.path.join(ROOT, path), encoding="utf-8").read().split())
+        assert "Cheng Luo and Zefan Cai, 2026" in text and "2025" not in text, path
+
+
+def test_a_figure_written_at_the_top_is_ignored_and_the_committed_ones_are_not():
+    """A bare `eval.py --wiring` writes wiring.png into the current folder: git ignores PNGs at the top only."""
+    import subprocess
+    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    ignored = lambda path: subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
+    assert ignored("wiring.png") and ignored("curves.png")
+    tracked = subprocess.run(["git", "ls-files", "*.png"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert "docs/wiring.png" in tracked and "results/curves.png" in tracked
+    assert not any(ignored(p) for p in tracked + ["docs/new.png", "results/L12/new.png"])
