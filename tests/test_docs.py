@@ -156,3 +156,45 @@ def test_a_figure_written_at_the_top_is_ignored_and_the_committed_ones_are_not()
     tracked = subprocess.run(["git", "ls-files", "*.png"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     assert "docs/wiring.png" in tracked and "results/curves.png" in tracked
     assert not any(ignored(p) for p in tracked + ["docs/new.png", "results/L12/new.png"])
+
+
+def readme_section(text, heading):
+    start = text.index(f"\n## {heading}\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_the_quick_start_comes_first_and_says_what_gap_is_noise():
+    """A learner's first commands are within the README's first 60 lines, and beside them what gap between two
+    single-seed runs is noise (the Results' 0.02 to 0.04) and how to train several seeds."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    lines = text.splitlines()
+    quick = readme_section(text, "Quick start")
+    start = lines.index("## Quick start")
+    end = start + quick.count("\n")
+    commands = [i for i in range(start, end) if lines[i].startswith(("python ", "pip "))]
+    assert commands and max(commands) < 60, commands
+    assert "python -m pytest -q" in lines[start:end] and "python prepare.py" in quick and "pip install" in quick
+    assert "0.02 to 0.04" in " ".join(quick.split()) and "0.02 to 0.04" in " ".join(readme_section(text, "Results")
+                                                                                      .split())
+    assert "--seeds" in quick and "python -m tools.sweep --help" in quick
+
+
+def test_the_readme_defines_each_term_before_it_uses_it():
+    """(a phrase that uses a term, the phrase that defines it): the first use is not before the definition."""
+    text = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
+    pairs = [("attnres", "The name (vanilla, vertical, skiplayer, attnres"), ("skip-middle", "(skip-middle)"),
+             ("up to its mirror", "that block's mirror, block L−1−l"), ("ALA(", "ALA(−), the name the Vertical Attention"),
+             ("‖h‖", "‖h‖ its length"), ("U-Net", "U-Net (every block reads"), ("I-Net", "I-Net (every block reads"),
+             ("arch 1", "(its architecture 1)"), ("architecture 2", "(the paper's architecture 2"),
+             (" L ", " L is the number of blocks"), (" d ", " d the width of the residual stream")]
+    for use, definition in pairs:
+        assert definition in text, definition
+        assert text.index(use) >= text.index(definition), f"the README uses {use!r} before {definition!r}"
+
+
+def test_the_readme_counts_attnres_parameters_as_the_model_file_does():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    row = next(l for l in text.splitlines() if l.startswith("| `model_attnres.py` |"))
+    model = " ".join(open(os.path.join(ROOT, "model_attnres.py"), encoding="utf-8").read().split())
+    assert "Extra parameters: 2d(2L + 1)." in model
+    assert row.split("|")[-2].strip().startswith("2d(2L+1)")
