@@ -16,9 +16,8 @@ from contextlib import nullcontext
 
 import torch
 
-from plumbing.checkpoints import checkpoint_path, read_checkpoint
-from plumbing.errors import ConfigError
-from plumbing.files import read_object
+from plumbing.errors import ConfigError, handling
+from plumbing.files import checkpoint_path, read_checkpoint, read_object
 from plumbing.models import build_model, load_model_module
 
 # ----------------------------------------------------------------------------------------------------------
@@ -177,13 +176,16 @@ def hf_tokenizer(folder):
 # ----------------------------------------------------------------------------------------------------------
 # checkpoints: out_dir/ckpt.pt, written by train.py
 
-def model_from_checkpoint(out_dir, device="cpu", keys=("model_name", "model_args", "model")):
+def model_from_checkpoint(out_dir, device="cpu", keys=()):
     """(model, module, checkpoint dict) of a run folder's ckpt.pt (or a .pt file): the model file it names, built
-    with its options, and its weights. read_checkpoint checks every field first, against that model file too."""
-    ckpt = read_checkpoint(checkpoint_path(out_dir), keys)
+    with its options (checked by its GPTConfig), and its weights (checked by load_state_dict)."""
+    path = checkpoint_path(out_dir)
+    ckpt = read_checkpoint(path, keys)
     module = load_model_module(ckpt["model_name"])
-    model = build_model(module, ckpt["model_args"])
-    model.load_state_dict(ckpt["model"])
+    model = build_model(module, ckpt["model_args"], f"the model_args of {path}")
+    with handling(path, f"it does not fit model_{ckpt['model_name']}.py: it was saved by another version of that "
+                  "file; restore it from a copy, or train again"):
+        model.load_state_dict(ckpt["model"])
     return model.to(device), module, ckpt
 
 

@@ -166,7 +166,7 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     model, _, ckpt = model_from_checkpoint(out_dir, device, keys=("model_name", "model_args", "model", "meta",
                                                             "train_config"))
     model.eval()
-    name, block_size = ckpt["model_name"], ckpt["model_args"]["block_size"]
+    name, block_size = ckpt["model_name"], model.config.block_size
     result = {"out_dir": out_dir, "model": name, "step": ckpt.get("iter_num"), "tokens_seen": ckpt.get("tokens_seen"),
               "run": describe_run(ckpt)}
     if args.loss or args.logit_lens or args.depth_map:

@@ -30,6 +30,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing import Pool
@@ -163,6 +164,7 @@ _worker = {}
 
 
 def _init_worker(tokenizer):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool, in one line
     encode, _, vocab_size, eot = get_tokenizer(tokenizer)
     _worker.update(encode=encode, eot=eot, dtype=token_dtype(vocab_size))
 
@@ -197,7 +199,7 @@ class PrepareConfig:
     out_dir: str = option("data", "writes OUT_DIR/NAME/{train,val}.bin and meta.json", path=True,
                          out="folder")
     name: str = option("", "the data set's folder inside out_dir; '' = the data set's name, or the first file's stem",
-                       path=True)
+                       path="out")
     num_proc: int = option(min(8, os.cpu_count() or 1), "tokenizer processes", min=1)
 
     def __post_init__(self):

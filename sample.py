@@ -85,7 +85,7 @@ def main(argv):
     encode, decode, _, _ = get_tokenizer(ckpt["meta"]["tokenizer"])
     prompt = read_prompt(cfg.start)
     ids = encode(prompt)
-    block_size = ckpt["model_args"]["block_size"]
+    block_size = model.config.block_size
     if not ids:
         raise ConfigError("the prompt is empty; pass some text with --start (or --start FILE:path)")
     if len(ids) > block_size:  # generation reads the most recent block_size tokens, as it does past the context

@@ -22,7 +22,6 @@ are in plumbing/, which a learner may skip: it checks and reads, and decides not
 import dataclasses
 import math
 import os
-import shlex
 import signal
 import time
 from contextlib import nullcontext
@@ -36,8 +35,9 @@ from hf import convert
 from plumbing import checks
 from plumbing.config import option
 from plumbing.console import Console
-from plumbing.errors import ConfigError, catch_stop_signals, diverged, main_boundary, note, stopped
-from plumbing.files import read_meta, save_checkpoint, to_json
+from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, note, printable,
+                             stopped)
+from plumbing.files import open_split, read_checkpoint, read_meta, save_checkpoint, to_json
 from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
 
@@ -51,6 +51,8 @@ class TrainConfig:
     size: str = option("", "a shape of the Vertical Attention paper's Table 2 with the model file's SIZE_DEFAULTS; "
                        "'' = the model file's own defaults", choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
+    tokenizer: str = option("", "the tokenizer the data set must have been prepared with (a preset names its "
+                            "paper's); '' = any")
     init_from: str = option("", "a Hugging Face Llama or Qwen3 folder (config.json, safetensors): its architecture "
                             "and the weights of the shared components (hf/convert.py); '' = none; ignored with "
                             "--resume", path=True)
@@ -96,6 +98,10 @@ def parse_args(argv):
     """(TrainConfig, model options as a dict, model module, names set explicitly), from defaults < preset files <
     the command line; ConfigError on bad input."""
     cfg, model_args, module, explicit = parse_model_options(TrainConfig, argv, __doc__)
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if cfg.resume and "model" not in explicit and os.path.isfile(path):  # a resumed run is the checkpoint's model
+        saved = read_checkpoint(path, mmap=True)["model_name"]
+        cfg, model_args, module, explicit = parse_model_options(TrainConfig, [*argv, f"--model={saved}"], __doc__)
     if cfg.size:  # the shape of Table 2, with the model file's own settings for it, where no option set them
         sized = {**SIZES[cfg.size], **getattr(module, "SIZE_DEFAULTS", {}).get(cfg.size, {})}
         model_args = {**model_args, **{k: v for k, v in sized.items() if k not in explicit}}
@@ -112,7 +118,7 @@ class Data:
     which the OS takes back when it needs them), and the batches read from them."""
 
     def __init__(self, splits):
-        self.splits = splits  # {"train": memmap, "val": memmap}, checked (plumbing/checks.py's read_splits)
+        self.splits = splits  # {"train": memmap, "val": memmap}, checked (plumbing/files.py's open_split)
 
     def batch(self, split, offsets, T, device):
         """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens that start at offsets, as inputs and
@@ -349,7 +355,7 @@ def new_model_args(cfg, module, model_args, explicit, meta):
     return model_args
 
 
-def resumed(cfg, proc, explicit, ckpt):
+def resumed(cfg, proc, explicit, ckpt, T):
     """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one: what it keeps, with a note
     where the options would change that, and a note of what the options change."""
     saved, run, step = ckpt.get("train_config") or {}, ckpt.get("run") or {}, ckpt["iter_num"]
@@ -366,12 +372,15 @@ def resumed(cfg, proc, explicit, ckpt):
     # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
     accum, steps = proc.accum, run.get("gradient_accumulation_steps")
     if not cfg.gradient_accumulation_steps and isinstance(steps, int) and steps != proc.world * accum:
-        checks.check_shared_batch(steps, proc.world)
+        if steps % proc.world:
+            raise ConfigError(f"the run was saved with {steps} micro-steps per optimiser step, which {proc.world} "
+                              f"processes cannot share; resume it on a number of processes that divides {steps}, or "
+                              "pass --gradient_accumulation_steps (a new global batch)")
         accum = steps // proc.world
         note(f"resumed on {proc.world} process(es), the run keeps its global batch: {steps} micro-steps per "
              f"optimiser step, {accum} per process")
     # the token count goes on from the saved one (an older checkpoint's: its steps at its tokens per step)
-    per_step, was = proc.world * accum * cfg.batch_size * ckpt["model_args"]["block_size"], run.get("tokens_per_step")
+    per_step, was = proc.world * accum * cfg.batch_size * T, run.get("tokens_per_step")
     tokens = ckpt.get("tokens_seen", step * (was or per_step))
     if was and was != per_step:
         note(f"the run resumes with {per_step:,} tokens per optimiser step where it saved {was:,}; its token count "
@@ -382,10 +391,10 @@ def resumed(cfg, proc, explicit, ckpt):
 def next_steps(cfg, step, val_loss):
     """One line: the checkpoint the run wrote, its validation loss, and the commands that sample from it and evaluate
     it, and how to train it on."""
-    out = shlex.quote(cfg.out_dir)
-    return (f"done: {os.path.join(cfg.out_dir, 'ckpt.pt')} holds step {step} (best val loss {val_loss:.4f}); sample "
-            f"from it: `python sample.py --out_dir {out}`; evaluate it: `python eval.py --out_dir {out}`; to train on, "
-            "run the same command with --resume and a larger --max_iters")
+    out = arg("out_dir", cfg.out_dir)
+    return (f"done: {printable(os.path.join(cfg.out_dir, 'ckpt.pt'))} holds step {step} (best val loss "
+            f"{val_loss:.4f}); sample from it: `python sample.py {out}`; evaluate it: `python eval.py {out}`; to "
+            "train on, run the same command with --resume and a larger --max_iters")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -415,23 +424,28 @@ def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, p
             "meta": meta, "rng": rng})
 
 
-def restore(raw_model, optimizer, ckpt, proc):
+def restore(raw_model, optimizer, ckpt, cfg, proc):
     """A resumed run's weights, optimiser state and this rank's random state (a run saved with another number of
-    processes cannot be continued exactly, and takes the states it has in turn); its step."""
-    raw_model.load_state_dict(ckpt["model"])
-    base_lrs = [g["base_lr"] for g in optimizer.param_groups]
-    optimizer.load_state_dict(ckpt["optimizer"])
+    processes cannot be continued exactly, and takes the states it has in turn), checked by torch as they load."""
+    with handling(os.path.join(cfg.out_dir, "ckpt.pt"), "its weights, optimiser state or random states do not "
+                  "fit this run (damaged, or saved by another version of the model file); restore it from a copy, or start "
+                  "a new run in another --out_dir"):
+        raw_model.load_state_dict(ckpt["model"])
+        base_lrs = [g["base_lr"] for g in optimizer.param_groups]
+        optimizer.load_state_dict(ckpt["optimizer"])
+        states = [(p, optimizer.state[p]) for p in raw_model.parameters() if optimizer.state[p]]
+        if not all(s["exp_avg"].shape == s["exp_avg_sq"].shape == p.shape and s["step"] >= 0 for p, s in states):
+            raise ValueError("the optimiser's state does not fit its parameters")  # torch finds it only at a step
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"][proc.rank % len(rng["torch"])])
+        if proc.device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"][proc.rank % len(rng["cuda"])], proc.device)
     for g, base in zip(optimizer.param_groups, base_lrs):
         g["base_lr"] = base  # a resumed run follows this run's learning-rate options
-    rng = ckpt["rng"]
-    torch.set_rng_state(rng["torch"][proc.rank % len(rng["torch"])])
-    if proc.device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"][proc.rank % len(rng["cuda"])], proc.device)
-    return ckpt["iter_num"]
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the run: every check, the decisions above, then the loop, which Ctrl-C and SIGTERM stop between two steps
+# the run: every check and the decisions above, then the loop, which Ctrl-C and SIGTERM stop between two steps
 
 def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
@@ -439,25 +453,34 @@ def main(argv):
     # the run folder, taken before the checks that decide what the run does and held to its end: a second run in it,
     # new or resumed, is refused (rank 0 takes it for every process of a torchrun run)
     with checks.run_folder(cfg.out_dir, take=proc.rank == 0):
-        run(cfg, model_args, module, explicit, proc)
+        run(*prepare(cfg, model_args, module, explicit, proc))
     if proc.world > 1:
         torch.distributed.destroy_process_group()
 
 
-def run(cfg, model_args, module, explicit, proc):
-    # ---- every check, before anything in out_dir is written; and what the run trains
-    meta = read_meta(cfg.data_dir, cfg.dataset)
-    checks.check_options(cfg)
-    checks.check_run_folder(cfg)
+def prepare(cfg, model_args, module, explicit, proc):
+    """Every check, before anything in out_dir is written, and what the run trains: (cfg, model_args, explicit,
+    proc, data, the model, its optimiser, meta, the step it starts at); a resumed run's state is restored."""
+    meta = read_meta(cfg.data_dir, cfg.dataset, f" --tokenizer {cfg.tokenizer}" if cfg.tokenizer else "")
+    if cfg.tokenizer and meta["tokenizer"] != cfg.tokenizer:  # a preset's data set made with another tokenizer
+        raise ConfigError(f"{printable(os.path.join(cfg.data_dir, cfg.dataset))} was prepared with the "
+                          f"{meta['tokenizer']} tokenizer and this run asks for {cfg.tokenizer}; run `python prepare.py "
+                          f"{arg('dataset', cfg.dataset)} --tokenizer {cfg.tokenizer}` first, or pass --tokenizer ''")
+    checks.check_run(cfg)
     if cfg.resume:  # the run saved in out_dir, checked against this command's options and data
-        ckpt = checks.read_resume(cfg, model_args, module, explicit, meta)
-        model_args = ckpt["model_args"]  # the architecture is the checkpoint's
-        cfg, proc.accum, tokens_seen = resumed(cfg, proc, explicit, ckpt)
+        ckpt = checks.read_resume(cfg, model_args, explicit, meta)
+        model_args = dataclasses.asdict(check_model_args(module, ckpt["model_args"], f"the model_args of {cfg.out_dir}"))
+        # (the architecture is the checkpoint's)
+        cfg, proc.accum, tokens_seen = resumed(cfg, proc, explicit, ckpt, model_args["block_size"])
     else:
         ckpt, tokens_seen = None, 0
         model_args = new_model_args(cfg, module, model_args, explicit, meta)
+        if cfg.size and meta["tokenizer"] == "byte":  # Table 2's counts hold the paper's embedding, not 257 rows
+            note(f"--size {cfg.size} on byte-level data: the shape is the paper's, its parameter count is not (the "
+                 "paper's count holds a vocabulary of 32,000 or more)")
     T = model_args["block_size"]
-    data = Data(checks.read_splits(cfg.data_dir, cfg.dataset, meta, T, model_args["vocab_size"]))
+    data = Data({s: open_split(cfg.data_dir, cfg.dataset, s, meta, model_args["vocab_size"], T)
+                 for s in ("train", "val")})
     if proc.world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
         if proc.device.type == "cuda":
             torch.cuda.set_device(proc.device)
@@ -467,10 +490,14 @@ def run(cfg, model_args, module, explicit, proc):
     if cfg.init_from and ckpt is None:  # the pretrained weights of the components every model file shares with
         convert.load_folder(raw_model, cfg.init_from)  # vanilla (hf/convert.py); the method's own keep their init
     optimizer = make_optimizer(raw_model, cfg, proc.device)
-    iter_num, best_val, saved_step = 0, float("inf"), None
     if ckpt is not None:
-        iter_num = saved_step = restore(raw_model, optimizer, ckpt, proc)
-        best_val = ckpt["best_val_loss"]
+        restore(raw_model, optimizer, ckpt, cfg, proc)
+    step, best_val = (ckpt["iter_num"], ckpt["best_val_loss"]) if ckpt else (0, float("inf"))
+    return cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, step, best_val, tokens_seen
+
+
+def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_num, best_val, tokens_seen):
+    T, saved_step = model_args["block_size"], iter_num if cfg.resume else None
     batches = data.train_batches(cfg, proc, T, iter_num)  # this process's batches, one per micro-step
     batch = next(batches)
     raw_model.eval()  # one forward pass before anything is written, with no dropout drawn: a batch that does not
@@ -481,7 +508,7 @@ def run(cfg, model_args, module, explicit, proc):
         raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, None, proc.dtype)
 
     # ---- the run: from here on it may write to out_dir
-    if cfg.decay_lr and cfg.max_iters <= cfg.warmup_iters:  # a short run: its schedule never reaches the cosine
+    if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:  # a short run: its schedule never reaches the cosine
         note(f"--max_iters {cfg.max_iters} ends within the warm-up of {cfg.warmup_iters} steps: the learning rate rises "
              f"to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower --warmup_iters "
              "for a run that does")
@@ -523,14 +550,14 @@ def run(cfg, model_args, module, explicit, proc):
                 log.write(log.train_record(iter_num, loss, cfg.learning_rate * lr_factor(iter_num - 1, cfg)))
         if proc.world > 1:  # every rank leaves together: none tears its connections down while a peer still talks
             torch.distributed.barrier()
-        if proc.rank == 0:  # the run's last line: where it is, and what to run next
-            print(next_steps(cfg, saved_step, best_val))
-    except (KeyboardInterrupt, RuntimeError) as e:
+    except (KeyboardInterrupt, RuntimeError, OSError) as e:
         raise stopped(e, iter_num, saved_step, cfg, proc)
     finally:
-        log.close()
+        log.close()  # the bar first: the lines below are not drawn into it
         for s, handler in handlers.items():
             signal.signal(s, handler)
+    if proc.rank == 0:  # the run's last line: where it is, and what to run next
+        print(next_steps(cfg, saved_step, best_val))
 
 
 if __name__ == "__main__":  # memory that cannot be allocated, anywhere in a run, ends in one line naming these

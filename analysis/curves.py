@@ -5,17 +5,17 @@ evaluated), one colour per run, against the tokens each has seen.
 import os
 
 from analysis.figures import pyplot_for, run_folder, save_png, zoom_range
-from plumbing.checkpoints import read_checkpoint
+from plumbing.config import check_record
 from plumbing.errors import ConfigError
-from plumbing.files import parse_json, read_text
+from plumbing.files import LogRecord, parse_json, read_checkpoint, read_text
 from plumbing.options import check_output
-from plumbing.schemas import LOG_RECORD, Mismatch, check
+
 
 def read_run_log(run):
     """A run folder's log.jsonl as {"folder", "train": [(step, tokens, loss)], "val": [(step, tokens, val_loss)]}:
     tokens is the count the record holds, or for a log of an older train.py step x the tokens per step its
     ckpt.pt records (None where there is no readable checkpoint). A last line cut short (train.py still writing
-    it, or killed while it did) is left out; any other line that is not a record of train.py (LOG_RECORD) is a
+    it, or killed while it did) is left out; any other line that is not a record of train.py (LogRecord) is a
     ConfigError."""
     folder = run_folder(run)
     if not os.path.isdir(folder):
@@ -28,15 +28,14 @@ def read_run_log(run):
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        fix = "delete the line or train the run again"
         try:
-            record = parse_json(line)
-            check(record, LOG_RECORD)
-        except (ValueError, Mismatch) as e:
+            record = check_record(LogRecord, parse_json(line), f"--curves: {path} line {n}", fix)
+        except (ValueError, ConfigError) as e:
             if n == len(lines):  # no newline after it: cut short while it was written
                 break
-            reason = f"its {e.field} is not {e.expected}" if isinstance(e, Mismatch) else str(e)[:80]
-            raise ConfigError(f"--curves: {path} line {n} is not a record of train.py ({reason}); delete the line "
-                              "or train the run again")
+            raise ConfigError(f"--curves: {path} line {n} is not a record of train.py ({str(e)[:80]}); {fix}"
+                              if isinstance(e, ValueError) else str(e))
         tokens = record.get("tokens")
         if tokens is None:  # a log of an older train.py: its steps at the tokens per step the checkpoint records
             per_step = per_step or tokens_per_step(folder) or 0
@@ -56,7 +55,7 @@ def tokens_per_step(folder):
     if not os.path.isfile(path):
         return None
     try:
-        return read_checkpoint(path, ("model_name", "run"), mmap=True)["run"].get("tokens_per_step")
+        return read_checkpoint(path, ("run",), mmap=True)["run"].get("tokens_per_step")
     except ConfigError:  # another version's or a damaged one: plot against steps
         return None
 

@@ -3,7 +3,7 @@ The figures eval.py and its analyses draw: matplotlib to PNG files, where --plot
 """
 import os
 
-from plumbing.errors import ConfigError
+from plumbing.errors import ConfigError, handling
 from plumbing.files import written
 
 # what the depth map (eval.py --depth_map) and the wiring figure (--wiring) measure, said the same way by both
@@ -58,6 +58,8 @@ def zoom_range(curves, share=0.4, margin=0.05):
 
 
 def save_png(fig, path, **kwargs):
-    """fig as a PNG at path, whole or not at all and never into a FIFO (written()); kwargs: savefig's."""
-    with written(path, "wb") as f:
+    """fig as a PNG at path, whole or not at all and never into a FIFO (written()); kwargs: savefig's. A figure that
+    cannot be written there says how to do without it, or where else to put it."""
+    fix = "pass --plot false, or --plot_path to save it elsewhere"
+    with handling(path, fix, fix), written(path, "wb") as f:
         fig.savefig(f, format="png", **kwargs)

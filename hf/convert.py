@@ -1,7 +1,7 @@
 """
 Hugging Face model folders in and out: pretrained Llama and Qwen3 weights for any model file, a vanilla run
 written back as a Llama or Qwen3 folder, and a run of any other model file as a transformers custom-code folder
-(hf_model.py beside the model file; export_custom, read_custom), which comes back whole.
+(hf_model.py beside the model file), which comes back whole.
 
     python train.py --model attnres --init_from ~/models/Qwen3-0.6B ...    # start from the pretrained model
     python -m hf.export --out_dir out/run --to ~/models/run-hf              # a run as a HF folder
@@ -20,19 +20,15 @@ model_vanilla.py's, which computes what LlamaForCausalLM and Qwen3ForCausalLM co
     blocks.i.mlp_norm                 model.layers.i.post_attention_layernorm
     blocks.i.mlp.w13 (w1, w3) w2      model.layers.i.mlp.gate_proj up_proj down_proj   (split_fused)
     norm, lm_head                     model.norm, lm_head  (no lm_head in the folder with tied embeddings)
-config.json gives the architecture: hidden_size -> n_embd, num_hidden_layers -> n_layer, num_attention_heads ->
-n_head, num_key_value_heads -> n_kv_head, head_dim, intermediate_size -> ffn_hidden, rope_theta, rms_norm_eps ->
-norm_eps, tie_word_embeddings, attention_bias (with mlp_bias: our one bias flag), vocab_size. What these models
-can do and ours cannot is refused in one line: RoPE scaling (Llama 3.1's "llama3"), sliding windows, another
-activation, biases on attention but not on the MLP. A parameter of a model file that has no Hugging Face name
-(AttnRes's pseudo-queries, skip-middle's gates and extra norms, ...) keeps its initialisation.
-
-Every mistake is an HFError, a ConfigError with a one-line message that the scripts end in.
+config.json gives the architecture (read_config() maps its names to ours). What these models can do and ours
+cannot is refused in one line: RoPE scaling (Llama 3.1's "llama3"), sliding windows, another activation, biases on
+attention but not on the MLP. A parameter of a model file that has no Hugging Face name (AttnRes's pseudo-queries,
+skip-middle's gates and extra norms, ...) keeps its initialisation. load_state_dict (strict) checks the weights'
+names and shapes; what it, safetensors or the system raise is one line naming the file (plumbing.errors.handling).
 """
-import hashlib
 import os
+import pathlib
 import re
-import shlex
 import shutil
 import sys
 
@@ -42,11 +38,12 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("hf/convert.py is a library module: Hugging Face folders in (train.py --init_from) and out; run "
              "`python -m hf.export --help` or `python train.py --help`")
 
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from common import hf_tokenizer, need
-from plumbing.checkpoints import separate, split_fused, weights_for
-from plumbing.config import make_config
-from plumbing.errors import ConfigError, note
-from plumbing.files import read_object as read_json_object, to_json
+from plumbing.errors import ConfigError, arg, handling, note
+from plumbing.files import read_object, regular_file, to_json
 from plumbing.models import build_model, model_names
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
@@ -59,14 +56,16 @@ LAYER_NAMES = {"attn_norm": "input_layernorm", "attn.wq": "self_attn.q_proj", "a
                "attn.k_norm": "self_attn.k_norm", "mlp_norm": "post_attention_layernorm", "mlp.w1": "mlp.gate_proj",
                "mlp.w3": "mlp.up_proj", "mlp.w2": "mlp.down_proj"}
 TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
-
-
-class HFError(ConfigError):
-    """A folder, a checkpoint or an option that does not fit; the message is one line that names the fix."""
+FOLDER_FIX = ("pass a Hugging Face model folder, whole, as save_pretrained writes it (config.json, and "
+              "model.safetensors or the shards model.safetensors.index.json lists)")
+CUSTOM = "layer_connections"  # config.json's model_type of a custom-code folder
+HERE = os.path.dirname(os.path.abspath(__file__))  # hf/, beside hf_model.py
+ROOT = os.path.dirname(HERE)  # the repository, where the model files are
+MISMATCH = "the weights and config.json do not belong together: download or export the folder again"
 
 
 # ----------------------------------------------------------------------------------------------------------
-# names, both ways
+# names, both ways, and the fused projections (one matmul here, two or three in Llama)
 
 def to_hf_name(name):
     """Our parameter name -> the Hugging Face one, or None for a parameter of the method only."""
@@ -77,150 +76,105 @@ def to_hf_name(name):
     return None
 
 
+def qkv_rows(config):
+    """The rows of an attention's fused wqkv that are q, k and v: H, H_kv and H_kv heads of head_dim rows."""
+    a = config if isinstance(config, dict) else vars(config)  # model_args or a GPTConfig
+    head_dim = a["head_dim"] or a["n_embd"] // a["n_head"]
+    return a["n_head"] * head_dim, a["n_kv_head"] * head_dim, a["n_kv_head"] * head_dim
+
+
+def separate(name, config):
+    """(names, rows) of the projections that the fused weight or bias `name` stacks: an attention's wqkv is wq, wk
+    and wv (q_proj, k_proj, v_proj), an MLP's w13 is w1 and w3 (gate_proj, up_proj); else (None, None)."""
+    if not (m := re.fullmatch(r"(.*?)(attn\.wqkv|mlp\.w13)\.(weight|bias)", name)):
+        return None, None
+    a = config if isinstance(config, dict) else vars(config)  # model_args or a GPTConfig
+    parts, rows = (("wq", "wk", "wv"), qkv_rows(a)) if m[2] == "attn.wqkv" else (("w1", "w3"), (a["ffn_hidden"],) * 2)
+    return [f"{m[1]}{m[2].split('.')[0]}.{p}.{m[3]}" for p in parts], rows
+
+
+def split_fused(state, config):
+    """state with each fused wqkv and w13 as the separate projections Llama and Qwen3 have: views of its rows."""
+    out = {}
+    for name, t in state.items():
+        names, rows = separate(name, config)
+        out.update(zip(names, t.split(rows)) if names else [(name, t)])
+    return out
+
+
+def join_fused(state, model):
+    """state with the separate projections of each of model's fused wqkv and w13 joined into it (one tensor)."""
+    for name in model.state_dict():
+        parts, _ = separate(name, model.config)
+        if parts and all(p in state for p in parts):
+            state[name] = torch.cat([state.pop(p) for p in parts])
+    return state
+
+
 # ----------------------------------------------------------------------------------------------------------
-# config.json -> our model options
-
-def read_object(path):
-    """The JSON object in the file at path (a folder's config.json); HFError if it is not one."""
-    try:
-        return read_json_object(path, "the model's", "save the model again with save_pretrained")
-    except ConfigError as e:
-        raise HFError(str(e))
-
+# config.json -> our model options: a Llama or Qwen3 folder's, or the whole architecture of a custom-code one
 
 def read_config(folder):
     """The shared model options (architecture, not block_size or dropout) of the Llama or Qwen3 model in folder,
-    from its config.json."""
+    from its config.json; their values are checked where the model is built (its GPTConfig's rules)."""
     path = os.path.join(folder, "config.json")
-    if not os.path.isdir(folder):
-        raise HFError(f"--init_from {folder} is not a folder; pass a Hugging Face model folder (config.json and "
-                      "model.safetensors, as save_pretrained writes them)")
-    if not os.path.isfile(path):
-        raise HFError(f"{folder} has no config.json; pass a Hugging Face model folder as save_pretrained writes it")
-    c = read_object(path)
+    c = read_object(path, "--init_from's config.json", FOLDER_FIX)
     kind, archs = c.get("model_type"), c.get("architectures") or []
     if kind not in ARCHITECTURES or any(a != ARCHITECTURES[kind] for a in archs):
         what = f"a {kind} model" + (f" ({', '.join(map(str, archs))})" if archs else "")
-        raise HFError(f"{path} describes {what}; --init_from reads Llama and Qwen3 language models "
-                      "(LlamaForCausalLM, Qwen3ForCausalLM)")
+        raise ConfigError(f"{path} describes {what}; --init_from reads Llama and Qwen3 language models "
+                          "(LlamaForCausalLM, Qwen3ForCausalLM)")
     need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-    if missing := [k for k in need if not isinstance(c.get(k), int)]:
-        raise HFError(f"{path} lacks {', '.join(missing)} (or they are not integers); save the model again")
-    if c.get("hidden_act", "silu") != "silu":
-        raise HFError(f"{path}: hidden_act {c['hidden_act']!r} is not supported; the MLP here is SwiGLU (silu)")
+    if missing := [k for k in need if type(c.get(k)) is not int or c[k] < 1]:
+        raise ConfigError(f"{path} lacks {', '.join(missing)} (or not as integers of 1 or more); save it again")
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}  # transformers 5 / 4 spell it differently
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise HFError(f"{path}: RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not supported; only "
-                      "plain RoPE (rope_type default) is")
-    if c.get("use_sliding_window") or any(t != "full_attention" for t in c.get("layer_types") or []):
-        raise HFError(f"{path}: sliding-window attention is not supported; only full causal attention is")
-    attention_bias = bool(c.get("attention_bias", False))
-    if attention_bias != bool(c.get("mlp_bias", False)):
-        raise HFError(f"{path}: attention_bias {attention_bias} with mlp_bias {bool(c.get('mlp_bias', False))} is "
-                      "not supported; the bias option here puts biases on every linear layer or on none")
-    if c.get("pretraining_tp", 1) != 1:
-        raise HFError(f"{path}: pretraining_tp {c['pretraining_tp']} is not supported; set it to 1")
-    n_embd, n_head = c["hidden_size"], c["num_attention_heads"]
-    n_kv_head = c.get("num_key_value_heads") or n_head  # absent: multi-head attention
-    head_dim = c.get("head_dim") or n_embd // n_head
-    if min(c[k] for k in need) < 1 or n_head % n_kv_head or head_dim < 1 or head_dim % 2:
-        raise HFError(f"{path}: the sizes do not fit (each must be 1 or more, num_key_value_heads must divide "
-                      "num_attention_heads, and the head size must be even)")
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+    unsupported = [f"hidden_act {c['hidden_act']!r}" if c.get("hidden_act", "silu") != "silu" else None,
+                   f"RoPE scaling {rope_type!r}" if rope_type != "default" else None,
+                   "sliding-window attention" if c.get("use_sliding_window") or any(
+                       t != "full_attention" for t in c.get("layer_types") or []) else None,
+                   f"pretraining_tp {c['pretraining_tp']}" if c.get("pretraining_tp", 1) != 1 else None,
+                   f"attention_bias {c.get('attention_bias')} with mlp_bias {c.get('mlp_bias')}"
+                   if bool(c.get("attention_bias")) != bool(c.get("mlp_bias")) else None]
+    if found := [u for u in unsupported if u]:
+        raise ConfigError(f"{path}: {found[0]} is not supported; the model here has SwiGLU (silu), plain RoPE, full "
+                          "causal attention, and biases on every linear layer or on none")
+    n_embd, n_head, head_dim = c["hidden_size"], c["num_attention_heads"], c.get("head_dim")
     return {
         "vocab_size": c["vocab_size"], "n_layer": c["num_hidden_layers"], "n_head": n_head,
-        "n_kv_head": n_kv_head, "n_embd": n_embd,
-        "ffn_hidden": c["intermediate_size"],
-        "head_dim": 0 if head_dim * n_head == n_embd else head_dim,  # 0: the default n_embd // n_head
-        "qk_norm": kind == "qwen3",
-        "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
-        "bias": attention_bias, "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "n_kv_head": c.get("num_key_value_heads") or n_head,  # absent: multi-head attention
+        "n_embd": n_embd, "ffn_hidden": c["intermediate_size"],
+        "head_dim": 0 if head_dim in (None, n_embd // n_head) else head_dim,  # 0: the default n_embd // n_head
+        "qk_norm": kind == "qwen3", "rope_theta": rope.get("rope_theta", c.get("rope_theta", 10000.0)),
+        "norm_eps": c.get("rms_norm_eps", 1e-6), "bias": bool(c.get("attention_bias")),
+        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
     }
 
 
-# ----------------------------------------------------------------------------------------------------------
-# safetensors files
-
-def safetensors():
-    try:
-        import safetensors.torch
-    except ImportError:
-        raise HFError("reading and writing Hugging Face weights needs the safetensors package: "
-                      "pip install safetensors")
-    return safetensors
-
-
-def weight_files(folder):
-    """{Hugging Face tensor name: path of the .safetensors file holding it}: one file, or sharded with an index."""
-    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        weight_map = read_object(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise HFError(f"{index} has no weight_map; save the model again with save_pretrained")
-        files = {name: os.path.join(folder, f) for name, f in weight_map.items()}
-        for path in sorted(set(files.values())):
-            if not os.path.isfile(path):
-                raise HFError(f"{folder} lacks {os.path.basename(path)}, a shard that {os.path.basename(index)} "
-                              "lists; copy the whole folder")
-        return files
-    if not os.path.isfile(single):
-        other = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5")
-                 if os.path.exists(os.path.join(folder, f))]
-        hint = f" (it has {other[0]}: save it again with save_pretrained, which writes safetensors)" if other else ""
-        raise HFError(f"{folder} has no model.safetensors nor model.safetensors.index.json{hint}")
-    return {name: single for name in tensor_shapes(single)}
+def read_custom(folder, module):
+    """The model_args of a custom-code folder for module's model file (checked as the model is built); ConfigError,
+    naming the fix, for a folder of another model file, a missing file, a config.json not such a folder's."""
+    path = os.path.join(folder, "config.json")
+    c = read_object(path, "--init_from's config.json", FOLDER_FIX)
+    name, args = c.get("model_name"), c.get("model_args")
+    if not isinstance(name, str) or not isinstance(args, dict):
+        raise ConfigError(f"{path} lacks model_name or model_args; export the run again with `python -m hf.export`")
+    # the folder is checked whole before --model is suggested: a hint that leads to the next error is none
+    for needed in (f"model_{name}.py", "hf_model.py"):
+        if not os.path.isfile(os.path.join(folder, needed)):
+            raise ConfigError(f"{folder} lacks {needed}, which transformers runs the model with; export the run again")
+    if name not in model_names():
+        raise ConfigError(f"{path} names model_{name}.py, which this repository does not have (its models: "
+                          f"{', '.join(model_names())}); export the run with a checkout that has it")
+    if f"model_{name}" != module.__name__:
+        raise ConfigError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
+    return args
 
 
-def tensor_shapes(path):
-    """{name: shape} of a .safetensors file, read from its header only."""
-    st = safetensors()
-    try:
-        with st.safe_open(path, framework="pt") as f:
-            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    except Exception as e:  # the reader's errors differ by damage: header, size, not a safetensors file
-        raise HFError(f"cannot read {path} ({' '.join(str(e).split())[:150]}); the file is damaged or not "
-                      "safetensors: copy it again")
-
-
-def split_state(model):
-    """model's state_dict with each wqkv as the wq, wk and wv that q_proj, k_proj and v_proj are, and each w13 as
-    the w1 and w3 that gate_proj and up_proj are (views of its rows: a copy into them writes the model's tensor)."""
-    return split_fused(model.state_dict(), model.config)
-
-
-def shared_names(model):
-    """{Hugging Face name: our name} of every parameter of model that a folder provides."""
-    names = {}
-    for ours in split_state(model):
-        hf = to_hf_name(ours)
-        if hf is not None and not (ours == "lm_head.weight" and model.config.tie_embeddings):
-            names[hf] = ours
-    return names
-
-
-def check_weights(folder, model):
-    """The folder's tensors are exactly model's shared parameters, each of model's shape (model may be on the
-    meta device: only names and shapes are read)."""
-    files = weight_files(folder)
-    shapes = {}  # of the tensors the index (or the one file) points to, where it points
-    for path in sorted(set(files.values())):
-        shapes.update({name: shape for name, shape in tensor_shapes(path).items() if files.get(name) == path})
-    want, ours = shared_names(model), split_state(model)
-    tied_head = model.config.tie_embeddings and "lm_head.weight" in shapes  # some tied folders keep a copy
-    for name, shape in shapes.items():
-        if name not in want and not (tied_head and name == "lm_head.weight"):
-            if name.endswith("rotary_emb.inv_freq"):
-                continue  # older Llama files store RoPE's frequencies, which follow from the config
-            raise HFError(f"{os.path.basename(files[name])} in {folder} holds {name}, which config.json's "
-                          "architecture has no place for; the weights and config.json do not belong together")
-        expected = tuple(ours[want.get(name, "tok_emb.weight")].shape)
-        if shape != expected:
-            raise HFError(f"{name} in {os.path.basename(files[name])} has shape {list(shape)} but {folder}/config.json "
-                          f"makes it {list(expected)}; the weights and config.json do not belong together")
-    if missing := [n for n in want if n not in shapes]:
-        raise HFError(f"the weights in {folder} lack {missing[0]}" + (f" and {len(missing) - 1} more" if
-                      len(missing) > 1 else "") + "; the weights and config.json do not belong together")
-    return files
+def is_custom(folder):
+    """Whether folder's config.json is that of a custom-code folder export() wrote (its model_type)."""
+    return read_object(os.path.join(folder, "config.json"), "--init_from's config.json",
+                       FOLDER_FIX).get("model_type") == CUSTOM
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -228,74 +182,71 @@ def check_weights(folder, model):
 
 def init_args(folder, module, model_args, explicit, meta):
     """The model options of a run that starts from folder: model_args with the shared ones from config.json.
-    Checks, before anything is written, that no option given on the command line contradicts config.json, that
-    the tokenizer is the data's, and that every tensor has its name and shape. Returns the new model_args."""
-    custom = is_custom(folder)
-    if custom:  # a run exported by hf/export.py: its whole architecture (--block_size and --dropout may differ)
-        hf_args = read_custom(folder, module)
-        hf_args = {k: v for k, v in hf_args.items() if k not in ("block_size", "dropout") or k not in explicit}
+    Checks, before anything is written, that no option on the command line contradicts config.json, that the model
+    builds, that the tokenizer is the data's and that the weights load (names and shapes, on the meta device)."""
+    if is_custom(folder):  # exported by hf/export.py: its whole architecture (--block_size, --dropout may differ)
+        hf_args = {k: v for k, v in read_custom(folder, module).items()
+                   if k not in ("block_size", "dropout") or k not in explicit}
     else:
         hf_args = read_config(folder)
     differ = [f"--{k} {model_args[k]} (config.json: {v})" for k, v in hf_args.items()
               if k in explicit and model_args[k] != v]
     if differ:
-        raise HFError(f"{', '.join(differ)} contradicts {folder}/config.json, which sets the architecture of a run "
-                      "started with --init_from; drop the option")
-    unchecked = check_tokenizer(folder, hf_args["vocab_size"], meta)
+        raise ConfigError(f"{', '.join(differ)} contradicts {folder}/config.json, which sets the architecture of a "
+                          "run started with --init_from; drop the option")
     model_args = {**model_args, **hf_args}
-    try:
-        with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
-            model = build_model(module, model_args, f"{folder}'s config.json")
-    except (AssertionError, ZeroDivisionError) as e:
-        raise HFError(f"{module.__name__}.py rejects the architecture of {folder}: {e}")
-    (check_custom_weights if custom else check_weights)(folder, model)
+    with torch.device("meta"):  # shapes only: no memory, no random numbers drawn
+        model = build_model(module, model_args, f"{folder}'s config.json")
+    unchecked = check_tokenizer(folder, model.config.vocab_size, meta)
+    load_folder(model, folder, meta=True)
     if unchecked:  # once every check has passed: a failing run says one thing only
         note(unchecked)
     return model_args
 
 
-@torch.no_grad()
-def load_folder(model, folder):
-    """Copy the folder's tensors into model's shared parameters (in their dtype and device); every parameter the
-    folder does not name keeps its value. Returns the names loaded (ours)."""
-    if is_custom(folder):  # every tensor, the method's own included (and all finite)
-        st, tensors = safetensors(), {}
-        for path in sorted(set(check_custom_weights(folder, model).values())):
-            with st.safe_open(path, framework="pt") as f:
-                tensors.update({k.removeprefix("model."): f.get_tensor(k) for k in f.keys()})
-        try:
-            model.load_state_dict(weights_for(model, tensors, f"{folder}/model.safetensors"))
-        except ConfigError as e:
-            raise HFError(str(e))
-        return list(tensors)
-    files = check_weights(folder, model)
-    st, want, ours = safetensors(), shared_names(model), split_state(model)
-    loaded = []
-    for path in sorted(set(files.values())):
-        with st.safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                if name in want and files.get(name) == path:
-                    tensor = f.get_tensor(name)
-                    if not (tensor.is_floating_point() and torch.isfinite(tensor).all()):  # copy_ would cast it
-                        what = "NaN or infinity" if tensor.is_floating_point() else f"{tensor.dtype} numbers"
-                        raise HFError(f"{name} in {path} holds {what}, not finite floating-point weights; download "
-                                      "the folder again")
-                    ours[want[name]].copy_(tensor)
-                    loaded.append(want[name])
-    return loaded
+def load_folder(model, folder, meta=False):
+    """Load the folder's weights into model with load_state_dict (strict: every name and shape): a Llama or Qwen3
+    folder's tensors under our names, each fused projection joined, and the method's own parameters as they are;
+    an exported folder's every tensor. meta: the headers' shapes only, into a model on the meta device."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = ["model.safetensors"]
+    if os.path.exists(index):
+        weight_map = read_object(index, "the index", FOLDER_FIX).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ConfigError(f"{index} has no weight_map of file names; {FOLDER_FIX}")
+        files = sorted(set(weight_map.values()))
+    tensors = {}
+    for path in (os.path.join(folder, f) for f in files):
+        with handling(regular_file(path, "the weights file", FOLDER_FIX), f"the file is damaged; {FOLDER_FIX}"):
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    t = torch.empty(f.get_slice(name).get_shape(), device="meta") if meta else f.get_tensor(name)
+                    if not meta and t.is_floating_point() and not torch.isfinite(t).all():
+                        raise ConfigError(f"{name} in {path} holds NaN or infinity; download the folder again")
+                    tensors[name] = t
+    if is_custom(folder):
+        state = {name.removeprefix("model."): t for name, t in tensors.items()}
+    else:
+        ours = split_fused(model.state_dict(), model.config)
+        names = {to_hf_name(n): n for n in ours}
+        state = {n: t for n, t in ours.items() if to_hf_name(n) is None}  # the method's own: kept as they are
+        state.update({names.get(k, k): t for k, t in tensors.items() if not k.endswith("rotary_emb.inv_freq")})
+        if model.config.tie_embeddings and "tok_emb.weight" in state:  # stored once (a tied folder may keep a copy)
+            state["lm_head.weight"] = state["tok_emb.weight"]
+    with handling(index if os.path.exists(index) else path, MISMATCH), torch.no_grad():
+        model.load_state_dict(join_fused(state, model))
 
 
 # ----------------------------------------------------------------------------------------------------------
-# export: a vanilla checkpoint -> config.json + model.safetensors (+ the tokenizer files of its data)
+# export: a run -> config.json + model.safetensors (+ the model file, hf_model.py and the tokenizer's files)
 
-def hf_config(model_args, source=None, eot=None):
-    """config.json of Qwen3ForCausalLM (qk_norm) or LlamaForCausalLM for vanilla's model_args. source: the
-    config.json of the folder the run started from, for its token ids and context length."""
-    a, source = model_args, source or {}
+def hf_config(a, source, eot):
+    """config.json of Qwen3ForCausalLM (qk_norm) or LlamaForCausalLM for vanilla's model_args a. source: the
+    config.json of the folder the run started from ({} if none), for its token ids and context length."""
     kind = "qwen3" if a["qk_norm"] else "llama"
     if kind == "qwen3" and a["bias"]:
-        raise HFError("Qwen3 has no MLP biases, so a model with both qk_norm and bias has no Hugging Face "
-                      "architecture to export to")
+        raise ConfigError("Qwen3 has no MLP biases, so a model with both qk_norm and bias has no Hugging Face "
+                          "architecture to export to")
     config = {
         "architectures": [ARCHITECTURES[kind]], "model_type": kind,
         "vocab_size": a["vocab_size"], "hidden_size": a["n_embd"], "intermediate_size": a["ffn_hidden"],
@@ -306,7 +257,7 @@ def hf_config(model_args, source=None, eot=None):
         "tie_word_embeddings": a["tie_embeddings"], "attention_bias": a["bias"], "attention_dropout": 0.0,
         "bos_token_id": source.get("bos_token_id"),
         "eos_token_id": eot if source.get("eos_token_id") is None else source["eos_token_id"],
-        "torch_dtype": "float32", "use_cache": True,
+        "use_cache": True,
     }
     if kind == "llama":
         config.update(mlp_bias=a["bias"], pretraining_tp=1)
@@ -315,175 +266,70 @@ def hf_config(model_args, source=None, eot=None):
     return config
 
 
-def to_hf_state(state, model_args):
-    """vanilla's state_dict -> {Hugging Face name: tensor}; tied embeddings are stored once, as save_pretrained
-    stores them."""
-    out = {}
-    for ours, tensor in split_fused(state, model_args).items():
-        if ours == "lm_head.weight" and model_args["tie_embeddings"]:
-            continue
-        hf = to_hf_name(ours)
-        if hf is None:
-            raise HFError(f"the checkpoint's parameter {ours} has no Hugging Face name; only model_vanilla.py's "
-                          "architecture exists in transformers")
-        out[hf] = tensor.detach().to("cpu").contiguous()
-    return out
-
-
-def export(state, model_args, to, meta=None, source_folder=None, dtype=torch.float32, tokenizer=None):
-    """Write the folder `to` (which must not exist or be empty) of a vanilla run: config.json, model.safetensors
-    and the tokenizer (tokenizer_files(): the run's, or that of the folder `tokenizer`)."""
-    files = tokenizer_files(meta or {}, tokenizer)
-    source = {}
-    if source_folder and os.path.isfile(os.path.join(source_folder, "config.json")):
-        source = read_object(os.path.join(source_folder, "config.json"))
-    config = hf_config(model_args, source, (meta or {}).get("eot_token"))
-    tensors = {k: v.to(dtype) for k, v in to_hf_state(state, model_args).items()}
-    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+def export(model_name, state, model_args, to, meta, source_folder=None, dtype=torch.float32, tokenizer=None):
+    """Write the folder `to` of a run. A vanilla run: config.json (hf_config(); source_folder: the folder it started
+    from) and model.safetensors under Hugging Face's names (tied embeddings stored once, as save_pretrained stores
+    them). Any other: config.json (model_type layer_connections, auto_map to hf_model.py; the run's model name and
+    options), model.safetensors (every tensor of the checkpoint, under model.), the model file as this repository
+    ships it and hf_model.py with its import line naming that file. Both carry the tokenizer (tokenizer_files(): the
+    run's, or that of the folder `tokenizer`)."""
+    files, dtype_name = tokenizer_files(meta, tokenizer), str(dtype).removeprefix("torch.")
+    if model_name == "vanilla":  # transformers' own Llama or Qwen3
+        path = os.path.join(source_folder or "", "config.json")  # of the folder the run started from, if it is there
+        source = (read_object(path, "the config.json of --init_from", "restore that folder, or move it away")
+                  if source_folder and os.path.isfile(path) else {})
+        config = {**hf_config(model_args, source, meta.get("eot_token")), "torch_dtype": dtype_name}
+        tensors = {to_hf_name(k): t.detach().to("cpu", dtype).contiguous()
+                   for k, t in split_fused(state, model_args).items()
+                   if not (k == "lm_head.weight" and model_args["tie_embeddings"])}
+    else:
+        config = {"architectures": ["LayersForCausalLM"], "model_type": CUSTOM, "auto_map": {
+                  "AutoConfig": "hf_model.LayersConfig", "AutoModelForCausalLM": "hf_model.LayersForCausalLM"},
+                  "model_name": model_name, "model_args": model_args, "vocab_size": model_args["vocab_size"],
+                  "max_position_embeddings": model_args["block_size"], "tie_word_embeddings": False,
+                  "eos_token_id": meta.get("eot_token"), "torch_dtype": dtype_name}
+        tensors = {f"model.{k}": (v.to(dtype) if v.is_floating_point() else v).detach().to("cpu").clone()
+                   for k, v in state.items()}  # clone: safetensors stores no shared tensors (tied embeddings)
+        for name, where in ((f"model_{model_name}.py", ROOT), ("hf_model.py", HERE)):
+            files[name] = pathlib.Path(where, name).read_text(encoding="utf-8")
+        files["hf_model.py"] = files["hf_model.py"].replace(  # the one line that names the model file
+            "from .model_vanilla import", f"from .model_{model_name} import", 1)
     write_folder(to, config, tensors, files)
     return config
 
 
 def write_folder(to, config, tensors, files):
     """config.json, model.safetensors (tensors) and files ({name: text or bytes}), written in a temporary folder
-    beside `to`, then renamed into place; every file with the mode open() gives (0666 less the umask)."""
-    if os.path.exists(to) and (not os.path.isdir(to) or os.listdir(to)):
-        raise HFError(f"--to {to} exists and is not an empty folder; choose another --to or remove it")
-    parent = os.path.dirname(os.path.abspath(to))
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(to))}.tmp{os.getpid()}")
+    beside `to`, then renamed into place: the folder is whole or not there. Every file gets the mode open() gives
+    (0666 less the umask). A write that fails (a full disk, a file-size limit) is one line naming `to`."""
+    parent, base = os.path.split(os.path.abspath(to))
+    tmp = os.path.join(parent, f".{base}.tmp{os.getpid()}")
     try:
-        os.makedirs(tmp)
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            f.write(to_json(config, indent=2))
-            f.write("\n")
-        weights = os.path.join(tmp, "model.safetensors")
-        safetensors().torch.save_file(tensors, weights, metadata={"format": "pt"})
-        umask = os.umask(0o022)  # read and set back: safetensors writes through a private temporary file (0600)
-        os.umask(umask)
-        os.chmod(weights, 0o666 & ~umask)
-        for name, content in files.items():
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
-        if os.path.isdir(to):
-            os.rmdir(to)  # empty (checked above)
-        os.replace(tmp, to)
-    except OSError as e:
-        raise HFError(f"cannot write {to} ({e.strerror}); choose another --to")
+        with handling(to, "free some space or raise the file-size limit (ulimit -f), or choose another --to"):
+            os.makedirs(tmp)
+            for name, content in {"config.json": to_json(config, indent=2) + "\n", **files}.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+            # safetensors writes through a private temporary file (0600): the mode open() gave config.json
+            os.chmod(os.path.join(tmp, "model.safetensors"), os.stat(os.path.join(tmp, "config.json")).st_mode & 0o777)
+            if os.path.isdir(to):
+                os.rmdir(to)  # empty: hf/export.py refuses any other
+            os.replace(tmp, to)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# every other model file: a transformers custom-code folder (hf_model.py), written and read back whole
-
-CUSTOM = "layer_connections"  # config.json's model_type of such a folder
-HERE = os.path.dirname(os.path.abspath(__file__))  # hf/, beside hf_model.py
-ROOT = os.path.dirname(HERE)  # the repository, where the model files are
-
-
-def export_custom(model_name, state, model_args, to, meta=None, dtype=torch.float32, tokenizer=None):
-    """Write the folder `to` of a run of any model file: config.json (model_type layer_connections, auto_map to
-    hf_model.py; the run's model name and options), model.safetensors (every tensor of the checkpoint, under
-    model.), the model file as this repository ships it, hf_model.py with its import line naming that file, and
-    the tokenizer (tokenizer_files(): the run's, or that of the folder `tokenizer`)."""
-    files = tokenizer_files(meta or {}, tokenizer)
-    config = {"architectures": ["LayersForCausalLM"], "model_type": CUSTOM,
-              "auto_map": {"AutoConfig": "hf_model.LayersConfig", "AutoModelForCausalLM": "hf_model.LayersForCausalLM"},
-              "model_name": model_name, "model_args": model_args, "vocab_size": model_args["vocab_size"],
-              "max_position_embeddings": model_args["block_size"], "tie_word_embeddings": False,
-              "eos_token_id": (meta or {}).get("eot_token"), "torch_dtype": str(dtype).removeprefix("torch.")}
-    tensors = {f"model.{k}": (v.to(dtype) if v.is_floating_point() else v).detach().to("cpu").clone()
-               for k, v in state.items()}  # clone: safetensors stores no shared tensors (tied embeddings)
-    for name, where in ((f"model_{model_name}.py", ROOT), ("hf_model.py", HERE)):
-        with open(os.path.join(where, name), encoding="utf-8") as f:
-            files[name] = f.read()
-    files["hf_model.py"] = files["hf_model.py"].replace(  # the one line that names the model file
-        "from .model_vanilla import", f"from .model_{model_name} import", 1)
-    write_folder(to, config, tensors, files)
-    return config
-
-
-def read_custom(folder, module):
-    """The model_args of a folder export_custom() wrote for module's model file; HFError, naming the fix, for a
-    folder of another model file, a missing file, a config.json that is not such a folder's."""
-    path = os.path.join(folder, "config.json")
-    c = read_object(path)
-    name, args = c.get("model_name"), c.get("model_args")
-    if not isinstance(name, str) or not isinstance(args, dict):
-        raise HFError(f"{path} lacks model_name or model_args; export the run again with `python -m hf.export`")
-    # the folder is checked whole before --model is suggested: a hint that leads to the next error is none
-    for needed in (f"model_{name}.py", "hf_model.py"):
-        if not os.path.isfile(os.path.join(folder, needed)):
-            raise HFError(f"{folder} lacks {needed}, which transformers runs the model with; export the run again")
-    if name not in model_names():
-        raise HFError(f"{path} names model_{name}.py, which this repository does not have (its models: "
-                      f"{', '.join(model_names())}); export the run with a checkout that has it")
-    if f"model_{name}" != module.__name__:
-        raise HFError(f"{folder} holds a model_{name}.py run, not a {module.__name__}.py one; pass --model {name}")
-    try:
-        make_config(module.GPTConfig, **args)
-    except (ValueError, TypeError) as e:
-        raise HFError(f"{path}: model_args do not fit {module.__name__}.py ({e}); export the run again")
-    return args
-
-
-def check_custom_weights(folder, model):
-    """The folder's tensors are model.<every tensor of model's state_dict>, each of its shape (read from the file
-    headers; model may be on the meta device). Returns weight_files()."""
-    files = weight_files(folder)
-    shapes = {}
-    for path in sorted(set(files.values())):
-        shapes.update(tensor_shapes(path))
-    split = {k: tuple(t.shape) for k, t in split_state(model).items()}
-    want = {}  # a folder exported before q, k and v (or w1 and w3) were one matmul has them apart: weights_for joins
-    for name, t in model.state_dict().items():
-        names, _ = separate(name, model.config)
-        apart = names and f"model.{name}" not in shapes
-        want.update({f"model.{n}": split[n] for n in names} if apart else {f"model.{name}": tuple(t.shape)})
-    if shapes != want:
-        wrong = sorted(set(shapes) ^ set(want)) or [k for k in want if shapes[k] != want[k]]
-        raise HFError(f"the weights in {folder} do not fit its config.json (first: {wrong[0]}); the weights and "
-                      "config.json do not belong together: export the run again")
-    return files
-
-
-def is_custom(folder):
-    """Whether folder's config.json is that of export_custom() (its model_type)."""
-    path = os.path.join(folder, "config.json")
-    return os.path.isfile(path) and read_object(path).get("model_type") == CUSTOM
-
-
-# ----------------------------------------------------------------------------------------------------------
 # tokenizers: prepare.py --tokenizer hf:DIR, and the check that a folder's tokenizer is the data's
-
-def same_tokenizer(a, b):
-    """Whether the tokenizer.json files a and b define the same tokenizer: the same file, the same bytes, or the
-    same tokenizer once parsed (copies saved by different tools differ in layout only)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    if not (os.path.isfile(a) and os.path.isfile(b)):
-        return False
-    digests = []
-    for path in (a, b):
-        with open(path, "rb") as f:
-            digests.append(hashlib.sha256(f.read()).hexdigest())
-    if digests[0] == digests[1]:
-        return True
-    try:
-        from tokenizers import Tokenizer
-        return Tokenizer.from_file(a).to_str() == Tokenizer.from_file(b).to_str()
-    except Exception:  # no tokenizers package, or a file it cannot read: not shown to be the same
-        return False
-
 
 def check_tokenizer(folder, vocab_size, meta):
     """The folder's tokenizer is the one the data was prepared with: an hf: tokenizer's tokenizer.json, or the one
     hf/export.py writes for the byte or gpt2 tokenizer. A folder without tokenizer.json (or with GPT-2's when
     tiktoken's files are not at hand) passes if its vocabulary size is the data's, and the note that says so is
     returned."""
-    data_tok = meta["tokenizer"]
-    mine = os.path.join(folder, "tokenizer.json")
-    redo = (f"prepare the data with `python prepare.py --tokenizer {shlex.quote('hf:' + folder)} ...` and pass that "
+    data_tok, mine = meta["tokenizer"], os.path.join(folder, "tokenizer.json")
+    redo = (f"prepare the data with `python prepare.py {arg('tokenizer', 'hf:' + folder)} ...` and pass that "
             "--dataset" if os.path.isfile(mine) else "pass a --dataset prepared with the tokenizer the folder's model "
             "was trained with (the folder has no tokenizer.json to prepare one with)")
     same = None  # None: it cannot be told
@@ -492,26 +338,23 @@ def check_tokenizer(folder, vocab_size, meta):
         try:  # a tokenizer.json that the tokenizers package cannot read is no tokenizer, not another one
             theirs = Tokenizer.from_file(mine).to_str()
         except Exception as e:
-            raise HFError(f"cannot read {mine} ({' '.join(str(e).split())[:120]}); download the folder again")
-    if os.path.isfile(mine) and data_tok.startswith("hf:"):
-        same = same_tokenizer(os.path.join(data_tok[3:], "tokenizer.json"), mine)
-    elif os.path.isfile(mine):
-        try:
-            same = Tokenizer.from_str(own_tokenizer_json(data_tok)).to_str() == theirs
-        except HFError:  # GPT-2's files are not at hand offline
+            raise ConfigError(f"cannot read {mine} ({' '.join(str(e).split())[:120]}); download the folder again")
+        try:  # parsed: copies saved by different tools differ in layout only
+            same = (Tokenizer.from_file(os.path.join(data_tok[3:], "tokenizer.json")) if data_tok.startswith("hf:")
+                    else Tokenizer.from_str(own_tokenizer_json(data_tok))).to_str() == theirs
+        except ConfigError:  # GPT-2's files are not at hand offline
             pass
+        except Exception:  # the data's tokenizer.json is gone or unreadable: not shown to be the same
+            same = False
     if same is None:
         if vocab_size != meta["vocab_size"]:
-            raise HFError(f"{folder}/config.json has vocab_size {vocab_size} but the data's {data_tok} tokenizer has "
-                          f"{meta['vocab_size']}; the model's tokenizer is not the data's: {redo}")
+            raise ConfigError(f"{folder}/config.json has vocab_size {vocab_size} but the data's {data_tok} tokenizer "
+                              f"has {meta['vocab_size']}; the model's tokenizer is not the data's: {redo}")
         why = "GPT-2's files are not at hand" if os.path.isfile(mine) else "it has no tokenizer.json"
         return (f"the tokenizer of {folder} could not be checked against the data's ({data_tok}): {why}; their "
                 f"vocabulary sizes agree ({vocab_size})")
     if not same:
-        raise HFError(f"the tokenizer of {folder} is not the one the data was prepared with ({data_tok}); {redo}")
-    if vocab_size < meta["vocab_size"]:
-        raise HFError(f"{folder}/config.json has vocab_size {vocab_size}, fewer than its tokenizer's "
-                      f"{meta['vocab_size']} tokens; the folder is inconsistent")
+        raise ConfigError(f"the tokenizer of {folder} is not the one the data was prepared with ({data_tok}); {redo}")
     return None
 
 
@@ -524,25 +367,22 @@ EOT_TEXT = "<|endoftext|>"  # the end-of-text token of the byte and gpt2 tokeniz
 def tokenizer_files(meta, given=None):
     """{file name: text or bytes} of the tokenizer of a run (meta.json's) for an exported folder: the files of the
     folder `given` (hf/export.py --tokenizer) where passed, else the run's: an hf: tokenizer's files as they are,
-    the byte tokenizer and GPT-2's (from tiktoken's cache) as a tokenizer.json made here. HFError, in one line
+    the byte tokenizer and GPT-2's (from tiktoken's cache) as a tokenizer.json made here. ConfigError, in one line
     naming what to pass, where the run's tokenizer is not at hand."""
     name, eot = meta.get("tokenizer", ""), meta.get("eot_token")
     if given or name.startswith("hf:"):
         folder = given or name[3:]
         if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
             what = "--tokenizer" if given else "the run's tokenizer folder"
-            raise HFError(f"{what} {folder} has no tokenizer.json; pass --tokenizer DIR, a folder holding the run's "
-                          "tokenizer.json")
+            raise ConfigError(f"{what} {folder} has no tokenizer.json; pass --tokenizer DIR, a folder holding the "
+                              "run's tokenizer.json")
         _, decode, vocab_size, folder_eot = hf_tokenizer(folder)
         if given and (vocab_size, folder_eot) != (meta.get("vocab_size"), eot):
-            raise HFError(f"--tokenizer {folder} has {vocab_size} tokens and end of text {folder_eot}, the run's "
-                          f"{name} tokenizer {meta.get('vocab_size')} and {eot}; pass a folder with the run's "
-                          "tokenizer")
-        files = {}
-        for f in TOKENIZER_FILES:
-            if os.path.isfile(os.path.join(folder, f)):
-                with open(os.path.join(folder, f), "rb") as file:
-                    files[f] = file.read()
+            raise ConfigError(f"--tokenizer {folder} has {vocab_size} tokens and end of text {folder_eot}, the "
+                              f"run's {name} tokenizer {meta.get('vocab_size')} and {eot}; pass a folder with the "
+                              "run's tokenizer")
+        files = {f: pathlib.Path(folder, f).read_bytes() for f in TOKENIZER_FILES
+                 if os.path.isfile(os.path.join(folder, f))}
         if "tokenizer_config.json" not in files:  # without it transformers knows no end-of-text token
             files["tokenizer_config.json"] = to_json({
                 "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": decode([eot]), "pad_token": decode([eot]),
@@ -566,12 +406,12 @@ def own_tokenizer_json(name):
             from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
             ranks = ENCODING_CONSTRUCTORS["gpt2"]()["mergeable_ranks"]
         except Exception:  # no tiktoken, or its download failed (no internet)
-            raise HFError("GPT-2's tokenizer is not at hand offline (tiktoken's cache does not hold its files); pass "
-                          "--tokenizer DIR, a folder with GPT-2's tokenizer.json (huggingface-cli download "
-                          "openai-community/gpt2 --local-dir DIR), or set TIKTOKEN_CACHE_DIR to tiktoken's cache")
+            raise ConfigError("GPT-2's tokenizer is not at hand offline (tiktoken's cache does not hold its files); "
+                              "pass --tokenizer DIR, a folder with GPT-2's tokenizer.json (huggingface-cli download "
+                              "openai-community/gpt2 --local-dir DIR), or set TIKTOKEN_CACHE_DIR to tiktoken's cache")
         return byte_level_json(ranks, words=True)
-    raise HFError(f"the run's tokenizer {name or '(none recorded)'} cannot be exported; pass --tokenizer DIR, a "
-                  "folder with the run's tokenizer.json")
+    raise ConfigError(f"the run's tokenizer {name or '(none recorded)'} cannot be exported; pass --tokenizer DIR, "
+                      "a folder with the run's tokenizer.json")
 
 
 def bytes_to_unicode():
@@ -586,10 +426,7 @@ def byte_level_json(ranks, words):
     "<|endoftext|>" at the next id. tiktoken merges, in a text, the pair of parts whose merged token ranks lowest;
     the merges here are each token's last merge when its own bytes are encoded so, in the order of the tokens'
     ranks, which encode as tiktoken does. words: split the text into GPT-2's words first (its regex)."""
-    try:
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    except ImportError:
-        raise HFError("writing a tokenizer.json needs the tokenizers package: pip install tokenizers")
+    tk = need("tokenizers", "writing a tokenizer.json")
     chars = bytes_to_unicode()
 
     def text(token):
@@ -605,9 +442,9 @@ def byte_level_json(ranks, words):
             parts[i:i + 2] = [parts[i] + parts[i + 1]]
         if len(parts) == 2:
             merges.append((text(parts[0]), text(parts[1])))
-    tok = Tokenizer(models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=words)
-    tok.decoder = decoders.ByteLevel()  # bytes back, then UTF-8, broken sequences as U+FFFD (errors="replace")
-    tok.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
+    tok = tk.Tokenizer(tk.models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges))
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=words)
+    tok.decoder = tk.decoders.ByteLevel()  # bytes back, then UTF-8, broken sequences as U+FFFD (errors="replace")
+    tok.add_special_tokens([tk.AddedToken(EOT_TEXT, special=True)])
     return tok.to_str(pretty=True)
 

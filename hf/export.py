@@ -47,14 +47,9 @@ def main(argv):
         raise ConfigError(f"--to {args.to} exists and is not an empty folder; choose another --to or remove it")
     model, _, ckpt = model_from_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
     model_args = dict(vars(model.config))  # the checkpoint's options, with the defaults of any it predates
-    source = ckpt.get("train_config", {}).get("init_from") or None
-    dtype = getattr(torch, args.dtype)
-    if ckpt["model_name"] == "vanilla":  # transformers' own Llama or Qwen3
-        config = convert.export(model.state_dict(), model_args, args.to, ckpt["meta"], source, dtype=dtype,
-                                tokenizer=args.tokenizer or None)
-    else:
-        config = convert.export_custom(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"],
-                                       dtype=dtype, tokenizer=args.tokenizer or None)
+    source = (ckpt.get("train_config") or {}).get("init_from") or None  # the folder it started from, if any
+    config = convert.export(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"] or {}, source,
+                            getattr(torch, args.dtype), args.tokenizer or None)
     print(f"wrote {args.to}: {config['architectures'][0]}, {sum(p.numel() for p in model.parameters()):,} "
           f"parameters ({args.dtype})")
 

@@ -1,8 +1,10 @@
 """
-Plumbing a learner may skip: the constraints declared with each option. A config dataclass's fields are made with
-option(): default, --help text and rules side by side; check_config() applies the rules to a dict of values and
-make_config() builds the dataclass only from values that pass, so that a bad value ends in one line naming it.
-The model files define the same option() helper for their GPTConfig (they import nothing of the repository).
+Plumbing a learner may skip: the one validator. A config dataclass's fields are made with option(): default, --help
+text and rules side by side; check_config() applies the rules to a dict of values and make_config() builds the
+dataclass only from values that pass, so that a bad value ends in one line naming it. The same declarations check
+the files: check_record() holds a file's fields (a checkpoint's train_config, meta.json, a log record, a tool's
+results) to the dataclass that declares them. The model files define the same option() helper for their GPTConfig
+(they import nothing of the repository).
 """
 import dataclasses
 import math
@@ -36,24 +38,26 @@ def shown(value, quote=True):
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_config(config_class, values):
+def check_config(config_class, values, label="--"):
     """OptionError (a ValueError) naming the first field of config_class whose value in values (a dict; a missing
     field has its default) breaks its type or its declared constraints: min / max (inclusive), above / below
     (exclusive), choices; a float must also be finite, an int fit in 64 bits."""
     for f in dataclasses.fields(config_class):
         try:
-            check_field(f, values.get(f.name, f.default))
+            check_field(f, values.get(f.name, f.default), label)
         except ValueError as e:
             raise OptionError(f.name, str(e))
 
 
-def check_field(f, value):
-    """ValueError if value breaks the type or the rules of the field f."""
-    rule, name = f.metadata, f"--{f.name}"
-    if value is None and f.default is None:
+def check_field(f, value, label="--"):
+    """ValueError if value breaks the type or the rules of the field f (named label + its name: --n_layer, or a
+    file's field n_layer)."""
+    rule, name = f.metadata, f"{label}{f.name}"
+    if value is None and f.default is None and not rule.get("required"):
         return  # a None default means "not given"
     kind = f.type
-    if type(value) is not kind and not (kind is float and type(value) is int):  # an int is a fine float
+    if not (type(value) is kind or kind is float and type(value) is int  # an int is a fine float
+            or kind in (dict, list) and isinstance(value, kind)):  # a file's OrderedDict is a dict
         raise ValueError(f"{name} must be {kind.__name__}, not {shown(value)}")
     if type(value) is float and not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, not {shown(value)}")
@@ -81,6 +85,26 @@ def check_field(f, value):
         raise ValueError(f"{name} must be above {above}, not {shown(value)}")
     if below is not None and not value < below:
         raise ValueError(f"{name} must be below {below}, not {shown(value)}")
+
+
+def check_record(record_class, value, path, fix):
+    """value, a file's object of fields, once every field that record_class declares holds to its rules (a field
+    declared required=True must be there; one a file lacks is an older file's, and one record_class does not declare
+    a newer file's, both left alone) and to the rules across fields of its __post_init__; else ConfigError in one line
+    naming path, the field and fix."""
+    from plumbing.errors import ConfigError, printable
+    if not isinstance(value, dict):
+        raise ConfigError(f"{printable(path)} is {shown(type(value).__name__, False)}, not an object of fields; {fix}")
+    declared = [f for f in dataclasses.fields(record_class) if f.name in value or f.metadata.get("required")]
+    try:
+        for f in declared:
+            if f.name not in value:
+                raise ValueError(f"its field {f.name} is missing")
+            check_field(f, value[f.name], "its field ")
+        record_class(**{f.name: value[f.name] for f in declared})
+    except ValueError as e:
+        raise ConfigError(f"{printable(path)}: {e}; {fix}")
+    return value
 
 
 def make_config(config_class, **values):

@@ -1,16 +1,20 @@
 """
-Plumbing a learner may skip: every file a script reads goes through these readers, so that a bad one ends in one
-line naming it, and every file a script writes is checked like one it reads (output_file) and written whole or not
-at all, by a writer that opens nothing that can block (written). Every reader is bounded: a file read whole holds at
-most FILE_BYTES, a JSON value nests at most JSON_DEPTH deep, and JSON is strict (no NaN or Infinity). meta.json of a
-prepared data set and its token splits are checked here, the splits by every reader alike (open_split).
+Plumbing a learner may skip: the readers and writers of every file the scripts use. A file is checked like an input
+before it is opened (regular_file: a FIFO, a socket or a device is never opened, since opening one can wait forever)
+and read whole before it is trusted: a file of text at most FILE_BYTES, JSON strict and at most JSON_DEPTH deep, its
+fields held to the declarations below (plumbing/config.py's one validator), train.py's checkpoint through torch.load
+with weights_only. A file is written whole or not at all (written). What the system or a library raises on the way
+is the boundary's to say (plumbing/errors.py).
 """
 import contextlib
+import dataclasses
 import difflib
 import glob
 import json
 import math
 import os
+import pickle
+import re
 import shlex
 import stat
 import sys
@@ -22,28 +26,22 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("plumbing/files.py is a library module (the readers and writers of every file the scripts use); run a "
              "script, e.g. `python train.py --help`")
 
-from plumbing.errors import ConfigError
-from plumbing.schemas import META, checked
+from plumbing.config import check_record, option
+from plumbing.errors import ConfigError, arg, handling, printable, script_command
 
 
 def regular_file(path, what, fix, output=False):
-    """path, after checking that it is a regular file (or a link to one), or, for a file a script writes (output),
-    nothing yet: ConfigError, naming what it is and the fix, for one that is missing (to read), a folder, or a FIFO, a
-    socket or a device, refused before it is opened (reading a FIFO waits for a writer, writing one for a reader, that
-    may never come)."""
+    """path, once it is a regular file (or a link to one), or, for a file a script writes (output), nothing yet;
+    else ConfigError naming what it is and the fix."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         if output:  # nothing there yet (or a link to nothing, which writing makes)
             return path
-        raise ConfigError(f"{what} {path} does not exist; {fix}")
-    except OSError as e:
-        raise ConfigError(f"cannot {'write' if output else 'read'} {what} {path} ({e.strerror}); {fix}")
-    if stat.S_ISDIR(mode):
-        raise ConfigError(f"{what} {path} is a folder, {'where a file is written' if output else 'not a file'}; {fix}")
+        raise ConfigError(f"{what} {printable(path)} does not exist; {fix}")
     if not stat.S_ISREG(mode):
-        raise ConfigError(f"{what} {path} is not a regular file (a FIFO, a socket or a device), "
-                          f"{'where a file is written' if output else 'which is not read'}; {fix}")
+        kind = "a folder, not a file" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, a socket or a device)"
+        raise ConfigError(f"{what} {printable(path)} is {kind}{', where a file is written' if output else ''}; {fix}")
     return path
 
 
@@ -54,16 +52,16 @@ def output_file(path, what, fix):
 
 @contextlib.contextmanager
 def written(path, mode="w"):
-    """A file object whose content replaces path, whole or not at all, when the block ends without an error: it is a
-    temporary file beside path, created anew (O_EXCL: whatever is in the way, a FIFO included, is not opened, so that
-    nothing waits), then renamed over path. Every writer of a whole file writes through here."""
+    """A file object whose content replaces path, whole or not at all, when the block ends without an error: a
+    temporary file beside path, created anew (O_EXCL: nothing in the way is opened, so nothing waits), then renamed
+    over path. Every writer of a whole file writes through here."""
     tmp = f"{path}.tmp-{os.getpid()}"
     if os.path.isfile(tmp) and not os.path.islink(tmp):
         os.remove(tmp)  # left by a killed process of the same id
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
-        raise ConfigError(f"cannot write {path}: {tmp} is in the way (not a regular file); move it away")
+        raise ConfigError(f"cannot write {printable(path)}: {printable(tmp)} is in the way; move it away")
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -75,37 +73,26 @@ def written(path, mode="w"):
 
 # the most bytes a script reads whole: a file of text, JSON or a preset (the token splits and the weights are mapped)
 FILE_BYTES = 256 << 20
-
-
-def read_bytes(path, what, fix, limit=FILE_BYTES):
-    """The bytes of the regular file at path (regular_file()); ConfigError (naming what it is and the fix) if it
-    cannot be read, or holds more than limit bytes."""
-    regular_file(path, what, fix)
-    try:
-        if os.path.getsize(path) > limit:
-            raise ConfigError(f"{what} {path} holds {os.path.getsize(path):,} bytes, more than the {limit:,} such a "
-                              f"file may; {fix}")
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {path} ({e.strerror}); {fix}")
+JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
 
 
 def read_text(path, what, fix, limit=FILE_BYTES):
-    """The UTF-8 text of the file at path (read_bytes' checks, and not UTF-8)."""
-    data = read_bytes(path, what, fix, limit)
+    """The UTF-8 text of the regular file at path, of at most limit bytes; ConfigError naming what it is and fix."""
+    regular_file(path, what, fix)
+    if os.path.getsize(path) > limit:
+        raise ConfigError(f"{what} {printable(path)} holds {os.path.getsize(path):,} bytes, more than the {limit:,} "
+                          f"such a file may; {fix}")
+    with open(path, "rb") as f:
+        data = f.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{what} {path} is not UTF-8 text (line {line}); {fix}")
+        raise ConfigError(f"{what} {printable(path)} is not UTF-8 text (line {line}); {fix}")
 
 
 def _not_json(name):
     raise ValueError(f"{name} is not a JSON number")
-
-
-JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
 
 
 def parse_json(text):
@@ -117,29 +104,27 @@ def parse_json(text):
         raise ValueError(f"nested more than {JSON_DEPTH} deep")
     level, items = 0, [value]
     while items:  # breadth first, a level at a time: no recursion
-        level, items = level + 1, [v for item in items
-                                   for v in (item.values() if isinstance(item, dict) else
-                                             item if isinstance(item, list) else ())]
+        level, items = level + 1, [v for item in items for v in (item.values() if isinstance(item, dict) else
+                                                                  item if isinstance(item, list) else ())]
         if level > JSON_DEPTH:
             raise ValueError(f"nested more than {JSON_DEPTH} deep")
     return value
 
 
-def read_json(path, what, fix):
-    """The JSON value in the file at path; ConfigError for every way it can be wrong, naming where."""
+def read_json(path, what, fix, record=None):
+    """The JSON value in the file at path, held to record (a dataclass of its fields) where one is given;
+    ConfigError for every way it can be wrong, naming where."""
     text = read_text(path, what, fix)
-    try:
-        return parse_json(text)
-    except (ValueError, MemoryError) as e:
-        reason = " ".join(str(e).split())[:120] or "too large to read"
-        raise ConfigError(f"{what} {path} is not readable JSON ({reason}); {fix}")
+    with handling(path, fix):
+        value = parse_json(text)
+    return check_record(record, value, path, fix) if record else value
 
 
 def read_object(path, what, fix):
     """The JSON object in the file at path (read_json()); ConfigError if the file holds another value."""
     value = read_json(path, what, fix)
     if not isinstance(value, dict):
-        raise ConfigError(f"{what} {path} is not a JSON object; {fix}")
+        raise ConfigError(f"{what} {printable(path)} is not a JSON object; {fix}")
     return value
 
 
@@ -149,9 +134,7 @@ def json_safe(value):
         return None
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
+    return [json_safe(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def has_nonfinite(value):
@@ -167,10 +150,18 @@ def to_json(value, **kwargs):
     return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
+def write_json(path, value):
+    """value as strict JSON at path, whole or not at all (written())."""
+    with written(path) as f:
+        f.write(to_json(value, indent=1))
+
+
+# ---- data sets: data/<name>/{train,val}.bin and meta.json (prepare.py)
+
 REDO = "run prepare.py again to remake the data set"
 
 # the data sets prepare.py makes by name (its --dataset, and what a hint names): the offline one, and those streamed
-# from the Hugging Face hub, as name -> (hub repo, config); all are parquet shards
+# from the Hugging Face hub, as name -> (hub repo, config, the tokenizer its papers use); all are parquet shards
 WEB_DATASETS = {
     "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # the Vertical Attention paper (and Open AttnRes)
     "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # the skip-middle paper
@@ -179,87 +170,201 @@ WEB_DATASETS = {
 DATASETS = ("shakespeare", *WEB_DATASETS)
 
 
-def prepare_hint(data_dir, dataset):
-    """What to run for a data set that is not prepared: the command that makes it where prepare.py knows its name,
-    else the nearest name (a typo) prepare.py knows or data_dir holds, else how to make one of your own files."""
-    out = "" if os.path.normpath(data_dir) == "data" else f" --out_dir {shlex.quote(data_dir)}"
+@dataclasses.dataclass
+class Meta:
+    """meta.json of a prepared data set, as prepare.py writes it."""
+    tokenizer: str = option(None, "byte, gpt2 or hf:DIR", required=True)
+    vocab_size: int = option(None, "token ids are below it", min=1, required=True)
+    dtype: str = option(None, "of the .bin files", choices=("uint16", "uint32"), required=True)
+    eot_token: int = option(None, "the id between documents", min=0)
+    train_tokens: int = option(None, "tokens in train.bin", min=0)
+    val_tokens: int = option(None, "tokens in val.bin", min=0)
+    dataset: str = option(None, "the data set's name")
+
+    def __post_init__(self):
+        if self.eot_token is not None and self.eot_token >= self.vocab_size:
+            raise ValueError(f"its field eot_token {self.eot_token} is not below vocab_size {self.vocab_size}")
+
+
+def prepare_hint(data_dir, dataset, options=""):
+    """What to run for a data set that is not prepared: the command that makes it where prepare.py knows its name
+    (with options, the ones a preset needs), else the nearest name (a typo) prepare.py knows or data_dir holds, else
+    how to make one of your own files."""
+    out = "" if os.path.normpath(data_dir) == "data" else f" {arg('out_dir', data_dir)}"
     if dataset in DATASETS:
-        return f"run `python prepare.py --dataset {dataset}{out}` first"
+        return f"run `python prepare.py --dataset {dataset}{options}{out}` first"
     if os.path.basename(dataset) != dataset or dataset in ("", ".", ".."):
         return (f"--dataset names one folder inside --data_dir, without / or .. (prepare.py makes "
                 f"{', '.join(DATASETS)}, or one of your own with --files and --name)")
     left = sorted(glob.glob(os.path.join(glob.escape(data_dir), f".{glob.escape(dataset)}.old-*")))
     if left and os.path.isfile(os.path.join(left[-1], "meta.json")):  # prepare.py stopped between its two renames
-        folder = os.path.join(data_dir, dataset)
-        return (f"the data set sits in {left[-1]}, where a prepare.py run that was stopped while replacing it left it; "
-                f"put it back with `mv {shlex.quote(left[-1])} {shlex.quote(folder)}`")
+        return (f"the data set sits in {printable(left[-1])}, where a prepare.py run that was stopped while replacing "
+                f"it left it; put it back with `mv -- {shlex.quote(left[-1])} "
+                f"{shlex.quote(os.path.join(data_dir, dataset))}`")
     prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ()) if d != dataset and all(
         os.path.isfile(os.path.join(data_dir, d, f)) for f in ("meta.json", "train.bin", "val.bin"))]
     close = difflib.get_close_matches(dataset, [*prepared, *DATASETS], 1, 0.6)
     if close and close[0] in prepared:
-        return f"did you mean --dataset {close[0]}? ({data_dir} holds it)"
+        return f"did you mean --dataset {close[0]}? ({printable(data_dir)} holds it)"
     if close:
         return f"did you mean --dataset {close[0]}? run `python prepare.py --dataset {close[0]}{out}` first"
-    return (f"prepare.py knows no data set of that name ({', '.join(DATASETS)}); to make {dataset} from text files of "
-            f"your own, run `python prepare.py --files FILE ... --name {shlex.quote(dataset)}{out}`")
+    return (f"prepare.py knows no data set of that name ({', '.join(DATASETS)}); to make {printable(dataset)} from "
+            f"text files of your own, run `python prepare.py --files FILE ... {arg('name', dataset)}{out}`")
 
 
-def read_meta(data_dir, dataset):
-    """meta.json of a prepared data set, checked; ConfigError names the fix."""
+def read_meta(data_dir, dataset, options=""):
+    """meta.json of a prepared data set, checked; ConfigError names the fix (with options: prepare_hint's)."""
     folder = os.path.join(data_dir, dataset)
     meta_path = os.path.join(folder, "meta.json")
     if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
-        raise ConfigError(f"no prepared data in {folder} (--data_dir {data_dir}, --dataset {dataset}); "
-                          + prepare_hint(data_dir, dataset))
-    return checked(read_json(meta_path, "the data set's meta.json", REDO), META, meta_path, REDO)
+        raise ConfigError(f"no prepared data in {printable(folder)} (--data_dir {printable(data_dir)}, --dataset "
+                          f"{printable(dataset)}); " + prepare_hint(data_dir, dataset, options))
+    return read_json(meta_path, "the data set's meta.json", REDO, Meta)
 
 
-def split_tokens(data_dir, dataset, split, meta):
-    """The number of tokens in split.bin, after checking that the file is whole and matches meta.json."""
+def open_split(data_dir, dataset, split, meta, vocab_size, block_size=0):
+    """split.bin as a read-only memmap of meta's dtype, once it is a whole regular file that matches meta.json,
+    holds only ids below vocab_size, the model's (read whole where it is small, else 64 stretches spread over it),
+    and is long enough for a window of block_size + 1 tokens. Every reader of a split opens it here."""
     path = os.path.join(data_dir, dataset, f"{split}.bin")
-    if not os.path.exists(path):
-        raise ConfigError(f"no {path}; {REDO}")
-    regular_file(path, f"the {split} split", REDO)  # not a folder, a FIFO, a socket or a device
+    regular_file(path, f"the {split} split", REDO)
     size, itemsize = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
-    if size % itemsize:
-        raise ConfigError(f"{path} holds {size} bytes, not a whole number of {meta['dtype']} tokens: it is cut "
-                          f"short or meta.json names the wrong dtype; {REDO}")
     n = size // itemsize
-    if meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
-        raise ConfigError(f"{path} holds {n} {meta['dtype']} tokens but meta.json says {meta[f'{split}_tokens']}; "
-                          f"{REDO}")
-    return n
-
-
-def open_split(data_dir, dataset, split, meta, vocab_size):
-    """split.bin as a read-only memmap of meta's dtype, once split_tokens() has found it a whole regular file that
-    matches meta.json (opening a FIFO would wait for a writer), holding only ids below vocab_size, the model's (read
-    whole where it is small, else 64 stretches spread over it). Every reader of a split opens it here, so that each
-    refuses what train.py refuses."""
-    split_tokens(data_dir, dataset, split, meta)
-    path = os.path.join(data_dir, dataset, f"{split}.bin")
-    data = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r") if os.path.getsize(path) else np.zeros(0, np.uint16)
-    stretch = max(1, min(len(data), 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
-    top = max((int(data[i:i + stretch].max()) for i in range(0, len(data), max(stretch, len(data) // 64))), default=0)
+    if size % itemsize or meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
+        raise ConfigError(f"{printable(path)} holds {size} bytes, not the {meta.get(f'{split}_tokens', '?')} "
+                          f"{meta['dtype']} tokens meta.json says: it is cut short or meta.json is wrong; {REDO}")
+    if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
+        fix = (f"lower --block_size to {n - 2} or less, or prepare more data" if n >= 3 else
+               "prepare more text (prepare.py --val_fraction sets the validation split's share)")
+        raise ConfigError(f"the {split} split of {printable(dataset)} holds {n} tokens, too few for --block_size "
+                          f"{block_size}; {fix}")
+    data = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r") if n else np.zeros(0, np.uint16)
+    stretch = max(1, min(n, 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
+    top = max((int(data[i:i + stretch].max()) for i in range(0, n, max(stretch, n // 64))), default=0)
     if top >= vocab_size:
-        raise ConfigError(f"{path} holds token id {top} but the model's vocab_size is {vocab_size} (meta.json: "
-                          f"{meta['vocab_size']}); {REDO}")
+        raise ConfigError(f"{printable(path)} holds token id {top} but the model's vocab_size is {vocab_size} "
+                          f"(meta.json: {meta['vocab_size']}); {REDO}")
     return data
 
 
-def write_json(path, value, schema):
-    """value as strict JSON at path, whole or not at all (written()): checked against schema first (a writer never
-    replaces a file with one its readers refuse)."""
-    checked(value, schema, path, "nothing was written; this is a bug of the script that wrote it")
-    with written(path) as f:
-        f.write(to_json(value, indent=1))
+@dataclasses.dataclass
+class LogRecord:
+    """A record of a run's log.jsonl (train.py's Log): a step, and the numbers of that step."""
+    iter: int = option(None, "the step", min=0, required=True)
+    tokens: int = option(None, "tokens seen", min=0)
+    loss: float = option(None, "the training loss")
+    val_loss: float = option(None, "the validation loss")
+    lr: float = option(None, "the learning rate", min=0)
+    tok_per_s: float = option(None, "tokens per second", min=0)
+    mfu: float = option(None, "model FLOPs utilisation", min=0)
+
+
+# ---- train.py's checkpoint: out_dir/ckpt.pt
+
+@dataclasses.dataclass
+class Checkpoint:
+    """The fields of train.py's ckpt.pt the scripts read; model_args are held to the model file's GPTConfig and the
+    weights to its model by load_state_dict, the optimiser state by AdamW's, when they are loaded."""
+    model_name: str = option(None, "model_<model_name>.py", required=True)
+    model_args: dict = option(None, "its GPTConfig's fields", required=True)
+    model: dict = option(None, "the state_dict", required=True)
+    train_config: dict = option(None, "train.py's options (TrainedOn: those other scripts read)")
+    run: dict = option(None, "the run's processes and batch (RunShape)")
+    optimizer: dict = option(None, "AdamW's state_dict")
+    iter_num: int = option(None, "the step", min=0)
+    tokens_seen: int = option(None, "tokens trained on", min=0)
+    best_val_loss: float = option(None, "the best validation loss")
+    meta: dict = option(None, "the data set's meta.json (Meta)")
+    rng: dict = option(None, "every rank's random states")
+
+
+@dataclasses.dataclass
+class TrainedOn:
+    """The options of train_config that scripts other than train.py read (train.py holds it to all of its own)."""
+    data_dir: str = option(None, "", path=True)
+    dataset: str = option(None, "")
+    init_from: str = option(None, "", path=True)
+
+
+@dataclasses.dataclass
+class RunShape:
+    """A checkpoint's run: the processes and the batch it trained with (train.py's Log.run)."""
+    world: int = option(None, "processes", min=1, required=True)
+    gradient_accumulation_steps: int = option(None, "micro-steps per optimiser step", min=1, required=True)
+    tokens_per_step: int = option(None, "tokens per optimiser step", min=1)
+    device: str = option(None, "")
+    dtype: str = option(None, "")
+
+
+def checkpoint_path(out_dir):
+    """The checkpoint file of --out_dir: a run folder's ckpt.pt, or a .pt file itself."""
+    if os.path.isfile(out_dir) and not out_dir.endswith(".pt"):  # its folder is named only where it holds a run
+        there = os.path.isfile(os.path.join(os.path.dirname(out_dir) or ".", "ckpt.pt"))
+        raise ConfigError(f"--out_dir {printable(out_dir)} is a file, not a run folder or a .pt checkpoint; pass the "
+                          f"run folder that holds ckpt.pt{' (perhaps ' + arg('out_dir', os.path.dirname(out_dir) or '.') + ', which holds one)' if there else ''}")
+    return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
+
+
+def missing_run_hint(folder):
+    """What to do where --out_dir holds no checkpoint: use a run that exists nearby (in the folder, or in out/, where
+    the README trains them), or train one there where that is sensible (a folder not there yet, or empty)."""
+    runs = sorted({f for d in (folder, "out") for f in [d, *glob.glob(os.path.join(glob.escape(d), "*"))]
+                   if os.path.isfile(os.path.join(f, "ckpt.pt"))})
+    if runs:
+        shown = ", ".join(map(printable, runs[:4])) + (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
+        return f"the runs here are {shown}: pass one, e.g. `{script_command()} {arg('out_dir', runs[0])}`"
+    if os.path.isdir(folder) and os.listdir(folder):
+        what = "a prepared data set" if os.path.isfile(os.path.join(folder, "meta.json")) else "files of other kinds"
+        return f"{printable(folder)} holds {what}, not a run: pass the --out_dir of a run that train.py wrote"
+    return f"train one with `python train.py {arg('out_dir', folder)}`"
+
+
+def read_checkpoint(path, keys=(), mmap=False):
+    """The dict train.py saved at path, read with weights_only (tensors and plain containers: unpickling runs no
+    code), its fields held to Checkpoint (and keys, the fields the reader needs, present); ConfigError for a
+    missing, damaged, foreign or unsafe file."""
+    fix = "restore it from a copy, or train again"
+    try:
+        os.stat(path)  # (any other OSError, a link that loops, is the boundary's to say)
+    except FileNotFoundError:
+        folder = os.path.dirname(path) or "."
+        hint = missing_run_hint(folder) if os.path.basename(path) == "ckpt.pt" else "pass an existing .pt file or a " \
+            f"run folder{' (perhaps ' + arg('out_dir', folder) + ', which holds ckpt.pt)' if os.path.isfile(os.path.join(folder, 'ckpt.pt')) else ''}"
+        raise ConfigError(f"no checkpoint at {printable(path)}; {hint}")
+    regular_file(path, "the checkpoint", "pass a run folder that holds train.py's ckpt.pt")
+    try:
+        with handling(path, f"the file is truncated, empty or not a checkpoint; {fix}"):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except ConfigError as e:
+        if not isinstance(e.__cause__, pickle.UnpicklingError) or "Weights only load failed" not in str(e.__cause__):
+            raise
+        found = re.search(r"GLOBAL (\S+)", str(e.__cause__))
+        raise ConfigError(f"the checkpoint {printable(path)} holds {found.group(1) if found else 'an object'}, not "
+                          "only tensors and plain containers: unpickling it could run code, so it was not loaded; use "
+                          "a checkpoint written by train.py, from a source you trust")
+    if not isinstance(ckpt, dict) or "model_name" not in ckpt:
+        bare = isinstance(ckpt, dict) and ckpt and all(torch.is_tensor(v) for v in ckpt.values())
+        raise ConfigError(f"{printable(path)} is not a checkpoint of train.py: it has no model_name"
+                          f"{' (it is a bare state_dict)' if bare else ''}; train.py saves the model name, both "
+                          "configs and the weights together")
+    check_record(Checkpoint, ckpt, path, fix)
+    for name, record in (("meta", Meta), ("train_config", TrainedOn), ("run", RunShape)):
+        if ckpt.get(name) is not None:
+            check_record(record, ckpt[name], f"{path}'s {name}", fix)
+    missing = [k for k in keys if k not in ckpt]
+    if missing:
+        raise ConfigError(f"{printable(path)} lacks {', '.join(missing)}: it was not saved by this version of train.py")
+    return ckpt
 
 
 def save_checkpoint(path, ckpt):
-    """Whole or not at all (written()): a crash or a full disk mid-write never leaves a half-written ckpt.pt."""
-    try:
-        with written(path, "wb") as f:
+    """Whole or not at all (written()): a crash or a full disk mid-write never leaves a half-written ckpt.pt; what
+    the system says on the way is the boundary's (train.py's stopped() says what is kept)."""
+    with written(path, "wb") as f:
+        try:
             torch.save(ckpt, f)
-    except (OSError, RuntimeError) as e:
-        raise ConfigError(f"cannot write the checkpoint {path} ({' '.join(str(e).split())[:100]}); free some space "
-                          "or choose another --out_dir; the previous checkpoint is kept")
+        except (RuntimeError, OSError) as e:  # torch's zip writer wraps the OSError of a write that failed
+            failed = e if isinstance(e, OSError) else e.__context__
+            if not isinstance(failed, OSError):
+                raise
+            raise OSError(failed.errno, failed.strerror, path) from e

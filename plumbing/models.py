@@ -34,15 +34,14 @@ def load_model_module(name):
 
 
 def build_model(module, model_args, source="the options"):
-    """module.GPT(module.GPTConfig(**model_args)), once model_args (a dict) pass check_model_args(). Under
-    `with torch.device("meta")` it allocates nothing (a checker's shapes)."""
+    """module.GPT(check_model_args(...)). Under `with torch.device("meta")` it allocates nothing."""
     return module.GPT(check_model_args(module, model_args, source))
 
 
 def check_model_args(module, model_args, source):
     """module.GPTConfig(**model_args), once model_args are fields of that GPTConfig within their rules and the model
-    fits in this machine's memory (check_size); ConfigError names the field it does not know or the option it
-    rejects, and source, where the values came from."""
+    fits in this machine's memory (check_size); ConfigError names the field or the option, and source, where the
+    values came from."""
     extra = set(model_args) - {f.name for f in dataclasses.fields(module.GPTConfig)}
     if extra:
         raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py does "

@@ -18,7 +18,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "e.g. `python train.py --help`")
 
 from plumbing.config import OptionError, check_config, make_config
-from plumbing.errors import ConfigError, script_command
+from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
 from plumbing.files import output_file, read_meta, read_text
 from plumbing.models import load_model_module, model_names
 
@@ -84,7 +84,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """--help shows the docstring as written and every option's default."""
+    """--help shows the docstring as written and every option's default (a blank one as '' or '\\n')."""
+
+    def _get_help_string(self, action):
+        blank = isinstance(action.default, str) and (not action.default or action.default.isspace())
+        return f"{action.help} (default: {action.default!r})" if blank else super()._get_help_string(action)
 
 
 def str2bool(s):
@@ -234,20 +238,38 @@ def without(argv, *names):
     return out
 
 
-def check_name(name, path):
-    """path is a name the file system can hold: no NUL byte, and no part longer than 255 bytes (the limit of common
-    file systems); else ConfigError naming the option."""
-    if "\0" in path or any(len(os.fsencode(part)) > 255 for part in path.replace(",", os.sep).split(os.sep)):
-        raise ConfigError(f"{name} {path[:40]!r}...: no file or folder can have that name (a NUL byte, or a part "
-                          "longer than 255 bytes); choose another")
+# the most bytes the scripts add to a name they derive from a user's: the temporary sibling of a file or a folder
+# they write (NAME.tmp-PID, .NAME.tmp-PID, .NAME.old-PID with a PID of up to 7 digits), a lock, a figure's name
+DERIVED = 16
+
+
+def check_name(name, path, output=True):
+    """path, and every name the scripts derive from it (DERIVED bytes longer), is a name the file system can hold: no
+    NUL byte, no part longer than 255 bytes, no path longer than os.pathconf's PC_PATH_MAX (or 4096); else ConfigError
+    naming the option, before any work."""
+    extra = DERIVED if output else 0
+    parts = [os.fsencode(part) for part in path.replace(",", os.sep).split(os.sep)]
+    try:
+        longest = os.pathconf(".", "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        longest = 4096
+    if "\0" in path or any(len(part) + extra > 255 for part in parts) or \
+            len(os.fsencode(os.path.abspath(path))) + extra >= longest:
+        raise ConfigError(f"{name} {printable(path[:40])!r}...: the scripts cannot write or read a file of that name "
+                          f"(a NUL byte, a part over {255 - extra} bytes or a path over {longest - extra - 1}); choose "
+                          "a shorter one")
 
 
 def check_paths(config):
-    """check_name() of every option declared with path=True."""
+    """check_name() of every option declared with path=True, or path="out" (outputs and a name the script writes
+    under: with their derived names), which the boundary
+    then names in the fix of a file under it (plumbing/errors.py's OPTION_PATHS)."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         for path in (value if isinstance(value, tuple) else (value,)) if f.metadata.get("path") else ():
-            check_name(f"--{f.name}", path)
+            check_name(f"--{f.name}", path, f.metadata.get("out") or f.metadata["path"] == "out")
+            if path:
+                OPTION_PATHS[path] = f"--{f.name}"
 
 
 def check_outputs(config):

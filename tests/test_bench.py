@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -87,6 +88,23 @@ def test_bench_times_skipping_on_a_trained_checkpoint(data_dir, tmp_path):
                 "--device=cpu"])
     with pytest.raises(ConfigError, match="without gates: nothing to skip"):
         bench.main([f"--checkpoint={tmp_path / 'v'}", f"--data_dir={data_dir}", "--device=cpu"])
+
+
+def test_bench_checkpoint_on_a_val_split_too_short_to_prompt_is_one_line(tiny_run, tiny_data, tmp_path, capsys):
+    """--checkpoint prompts with the start of the run's val split: an empty one, or one of a single token, is refused
+    in one line naming the split (as train.py and eval.py refuse a split too short for a window)."""
+    from conftest import run_script
+    from test_errors import assert_one_error_line
+    import numpy as np
+    for n in (0, 1):
+        data = tmp_path / f"data{n}"
+        shutil.copytree(tiny_data, data)
+        meta = json.loads((data / "shakespeare" / "meta.json").read_text())
+        np.fromfile(data / "shakespeare" / "val.bin", dtype=meta["dtype"])[:n].tofile(data / "shakespeare" / "val.bin")
+        (data / "shakespeare" / "meta.json").write_text(json.dumps({**meta, "val_tokens": n}))
+        code, _, err = run_script("tools/bench.py", ["--checkpoint", tiny_run, "--data_dir", data, "--device=cpu"],
+                                  capsys)
+        assert_one_error_line(code, err, f"the val split of shakespeare holds {n} tokens, too few")
 
 
 @pytest.mark.slow  # compiles the decode step of three cases
@@ -199,7 +217,7 @@ def test_kernels_table_only_renders_a_saved_file_as_counted(tmp_path):
     path.write_text(json.dumps(saved))
     assert "`python -m tools.kernels --compiled --size small`" in kernels.main(["--table_only", "--json", str(path)])[0]
     for argv, message in [(["--table_only"], "give --json too"),
-                          (["--table_only", "--json", str(tmp_path / "none.json")], "no file")]:
+                          (["--table_only", "--json", str(tmp_path / "none.json")], "none.json does not exist")]:
         with pytest.raises(ConfigError, match=message):
             kernels.main(argv)
 

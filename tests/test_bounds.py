@@ -42,18 +42,21 @@ def resume(data, folder, *args):
 
 # ---- fields a schema let through --------------------------------------------------------------------------------
 
-CHECKPOINT_FIELDS = [  # (id, change, the script that read it, what its line says)
+CHECKPOINT_FIELDS = [  # (id, change, the script that read it, what its line says; None: the script works)
     ("rng_10_bytes", lambda c: c["rng"].update(torch=[torch.zeros(10, dtype=torch.uint8)]), "resume",
-     "its field rng.torch[0] is a tensor, not the state of torch's random number generator"),
-    ("rng_empty", lambda c: c["rng"].update(torch=[]), "resume", "its field rng.torch is a list, not a list of one"),
+     "RNG state"),  # torch.set_rng_state's own check, translated with the file's name
+    ("rng_empty", lambda c: c["rng"].update(torch=[]), "resume", "ckpt.pt"),
     ("optimizer_step_negative", lambda c: c["optimizer"]["state"][0].update(step=torch.tensor(-5.0)), "resume",
-     "has no step (0 or more)"),
+     "the optimiser's state does not fit"),
+    ("optimizer_moment_shape", lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "resume",
+     "the optimiser's state does not fit"),
+    ("weights_of_another_shape", lambda c: c["model"].update({"norm.weight": torch.ones(3)}), "sample",
+     "size mismatch for norm.weight"),  # load_state_dict's own check
+    ("a_weight_missing", lambda c: c["model"].pop("norm.weight"), "sample", "Missing key(s)"),
     ("integer_weights", lambda c: c["model"].update({"norm.weight": c["model"]["norm.weight"].long()}), "sample",
-     "hold norm.weight as torch.int64, not floating-point numbers"),
-    ("complex_weights", lambda c: c["model"].update({"norm.weight": c["model"]["norm.weight"].to(torch.complex64)}),
-     "sample", "hold norm.weight as torch.complex64"),
+     None),  # load_state_dict casts a weight to the parameter's dtype, as it does for any state dict
     ("eot_past_the_vocabulary", lambda c: c["meta"].update(eot_token=300), "export",
-     "its field meta.eot_token is int 300, not a token id below vocab_size"),
+     "eot_token 300 is not below vocab_size"),
 ]
 
 
@@ -65,8 +68,11 @@ def test_a_field_the_schema_let_through_is_one_line(case, data, run, tmp_path, c
                "export": ["hf/export.py", "--out_dir", folder, "--to", tmp_path / "hf"]}[reader]
     before = checksums(tmp_path)
     code, _, err = run_script(command[0], command[1:], capsys)
+    if says is None:
+        assert code in (0, None), err
+        return
     assert_one_error_line(code, err, says)
-    assert checksums(tmp_path) == before
+    assert str(folder) in err and checksums(tmp_path) == before
 
 
 def test_the_optional_meta_fields_are_optional_for_bench(data, run, tmp_path, capsys):
@@ -205,14 +211,14 @@ def test_kernel_counts_of_zero_are_one_line_and_a_merge_replaces_nothing(tmp_pat
     saved["models"]["vanilla"]["train"] = 0
     (tmp_path / "zero.json").write_text(json.dumps(saved))
     code, _, err = run_script("tools/kernels.py", ["--table_only", "--json", tmp_path / "zero.json"], capsys)
-    assert_one_error_line(code, err, "its field models.vanilla.train is int 0, not an integer of at least 1")
+    assert_one_error_line(code, err, "its field train must be 1 or more, not 0")
     parts = tmp_path / "parts"
     parts.mkdir()
     (parts / "vanilla.json").write_text(json.dumps(saved))
     (tmp_path / "merged.json").write_text("kept")
     code, _, err = run_script("tools/kernels.py", ["--compiled", "--size=small", "--runs=vanilla", "--json",
                                                    tmp_path / "merged.json", "--merge", parts], capsys)
-    assert_one_error_line(code, err, "vanilla.train is int 0")
+    assert_one_error_line(code, err, "models[vanilla]: its field train must be 1 or more, not 0")
     assert (tmp_path / "merged.json").read_text() == "kept"
 
 

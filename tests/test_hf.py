@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 from common import hf_tokenizer, model_from_checkpoint
 from plumbing.models import load_model_module
 from hf import convert, export
-from plumbing.checkpoints import split_fused
+from hf.convert import split_fused
 from plumbing.files import read_meta
 import train
 from conftest import ROOT, model_names, run_script
@@ -239,19 +239,20 @@ TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the m
         "arrows of outrageous fortune, or to take arms against a sea of troubles, and by opposing end them.\n")
 
 BAD_FOLDERS = {  # case: (arch to copy, how to spoil it, extra options, the fragment of the one error line)
-    "absent": ("llama", lambda d: shutil.rmtree(d), [], "is not a folder"),
-    "no_config": ("llama", lambda d: os.remove(os.path.join(d, "config.json")), [], "has no config.json"),
+    "absent": ("llama", lambda d: shutil.rmtree(d), [], "model/config.json does not exist; pass a Hugging Face"),
+    "no_config": ("llama", lambda d: os.remove(os.path.join(d, "config.json")), [], "config.json does not exist"),
     "no_weights": ("llama", lambda d: os.remove(os.path.join(d, "model.safetensors")), [],
-                   "has no model.safetensors"),
+                   "model.safetensors does not exist"),
     "missing_shard": ("qwen3", lambda d: os.remove(os.path.join(d, sorted(f for f in os.listdir(d) if "-of-" in f)[1])),
-                      [], "a shard that model.safetensors.index.json lists"),
+                      [], "-of-00021.safetensors does not exist; pass a Hugging Face model folder, whole"),
     "damaged_weights": ("llama", lambda d: open(os.path.join(d, "model.safetensors"), "r+b").truncate(1000), [],
-                        "cannot read"),
+                        "model.safetensors (SafetensorError: Error while deserializing header"),
     "gpt2": ("llama", lambda d: transformers.GPT2Config(vocab_size=257).save_pretrained(d), [],
              "describes a gpt2 model"),
     "vocab": ("llama", lambda d: edit_config(d, vocab_size=300), [], "vocab_size 300 but the data's byte tokenizer"),
-    "shape": ("llama", lambda d: edit_config(d, intermediate_size=128), [],
-              "model.layers.0.mlp.down_proj.weight in model.safetensors has shape [64, 96]"),
+    "shape": ("llama", lambda d: edit_config(d, intermediate_size=128), [],  # load_state_dict's words, in our names
+              "model.safetensors (RuntimeError: Error(s) in loading state_dict for GPT: size mismatch for "
+              "blocks.0.mlp.w13.weight"),
     "rope_scaling": ("llama", lambda d: edit_config(d, rope_parameters=dict(rope_type="llama3", rope_theta=5e5)), [],
                      "RoPE scaling 'llama3' is not supported"),
     "tokenizer": ("llama", lambda d: make_tokenizer(TEXT, 257).save(os.path.join(d, "tokenizer.json")), [],

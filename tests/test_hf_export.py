@@ -10,7 +10,11 @@ import hashlib
 import io
 import json
 import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -367,7 +371,8 @@ BAD_FOLDERS = {
     "no_model_file": (lambda d: os.remove(os.path.join(d, "model_vertical.py")), [], "lacks model_vertical.py"),
     "no_wrapper": (lambda d: os.remove(os.path.join(d, "hf_model.py")), [], "lacks hf_model.py"),
     "changed_config": (lambda d: edit_config(d, n_layer=2), [], "do not belong together"),
-    "bad_model_args": (lambda d: edit_config(d, n_head="four"), [], "do not fit model_vertical.py"),
+    "bad_model_args": (lambda d: edit_config(d, n_head="four"), [], "--n_head must be int, not 'four' "
+                       "(model_vertical.py, from"),
     "contradicted": (lambda d: None, ["--n_layer=2"], "contradicts"),
 }
 
@@ -383,3 +388,27 @@ def test_a_bad_exported_folder_is_one_line(case, data_dir, tmp_path, capsys):
                                            "--out_dir", out, "--max_iters=0"], capsys)
     assert_one_error_line(code, err, fragment)
     assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("name", ["vanilla", "vertical"])  # a Llama folder and a custom-code one
+def test_a_write_that_fails_is_one_line_and_leaves_no_folder(name, data_dir, tmp_path):
+    """hf/export.py under a file-size limit (ulimit -f; SIGXFSZ ignored, so a write past it returns EFBIG, as a full
+    disk returns ENOSPC): the failed write, safetensors' own error or an OSError, is one line naming --to, and
+    neither --to nor the temporary folder beside it is left."""
+    run = make_run(name, {}, data_dir, tmp_path / "run")
+    limit = 16 << 10  # config.json fits, model.safetensors does not
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    to = tmp_path / "out" / "hf"
+    proc = subprocess.run([sys.executable, "-m", "hf.export", "--out_dir", str(run), "--to", str(to)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, preexec_fn=limited,
+                          env={**os.environ, "PYTHONPATH": ROOT, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert_one_error_line(proc.returncode, proc.stderr, f"cannot use {to}")
+    assert "File too large" in proc.stderr and "--to" in proc.stderr
+    # the Llama folder's first file past the limit is model.safetensors (safetensors' own error); the custom-code
+    # folder's is the model file (an OSError)
+    assert ("SafetensorError" in proc.stderr) == (name == "vanilla"), proc.stderr
+    assert not to.exists() and os.listdir(tmp_path / "out") == []

@@ -98,11 +98,11 @@ def test_imports_go_one_way_and_never_in_a_circle():
 def test_the_check_sees_an_import_back_up_and_a_circle():
     floor = floors()
     assert imports("train.py") >= {"common.py", "plumbing/checks.py", "hf/convert.py"}  # `from plumbing import checks`
-    graph = {"common.py": {"train.py", "plumbing/files.py"}, "plumbing/files.py": {"plumbing/schemas.py"},
-             "plumbing/schemas.py": {"plumbing/files.py"}}
+    graph = {"common.py": {"train.py", "plumbing/files.py"}, "plumbing/files.py": {"plumbing/config.py"},
+             "plumbing/config.py": {"plumbing/files.py"}}
     problems = import_problems(graph, floor)
     assert problems[0].startswith("common.py (ground) imports train.py (scripts)") and len(problems) == 2, problems
-    assert problems[1] == "a circle: plumbing/files.py -> plumbing/schemas.py -> plumbing/files.py"
+    assert problems[1] == "a circle: plumbing/files.py -> plumbing/config.py -> plumbing/files.py"
 
 
 # ---- plumbing only checks and reads ------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_a_fifo_where_a_script_writes_a_file_of_its_own_is_one_line(data_dir, tm
                 "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--block_size=16", "--batch_size=2",
                 "--eval_iters=1", "--device=cpu"])
     resume = ["train.py", "--data_dir", data_dir, "--out_dir", run, "--resume", "--max_iters=3"]
-    cases = [("log.superseded.jsonl", resume), ("ckpt.pt.tmp", resume),
+    cases = [("log.superseded.jsonl", resume),
              ("curves.png", ["eval.py", "--curves", run]),
              ("depth_map.png", ["eval.py", "--out_dir", run, "--loss=false", "--depth_map"]),
              ("logit_lens.png", ["eval.py", "--out_dir", run, "--tokens=40", "--logit_lens"]),

@@ -14,7 +14,7 @@ import torch
 
 import train
 from plumbing import checks
-from plumbing.checkpoints import read_checkpoint
+from plumbing.files import read_checkpoint
 from conftest import ROOT, TINY, run_script, shakespeare_sample
 from test_errors import assert_one_error_line, checksums
 

@@ -1,4 +1,5 @@
-"""Every file is read whole before it is trusted (plumbing/schemas.py): each field of a real file, in turn removed,
+"""Every file is read whole before it is trusted (its fields held to declarations in the options' form, plumbing/config.py's
+check_record): each field of a real file, in turn removed,
 set to a value of the wrong type and set to NaN, read by every script that reads that kind of file, gives a run
 that works, or one line naming the file and no traceback, and leaves every existing file as it was. The files: a
 checkpoint of a tiny run (sample.py, eval.py, train.py --resume, hf/export.py), a data set's meta.json (train.py,
@@ -18,8 +19,13 @@ import torch
 
 import train
 from conftest import ROOT, alarm, run_script, shakespeare_sample
-from plumbing.schemas import BENCH, BENCH_DECODE, CHECKPOINT, KERNELS, META, SWEEP, Mismatch, check
+from plumbing.config import check_record
+from plumbing.errors import ConfigError
+from plumbing.files import Checkpoint, Meta, read_checkpoint
 from test_errors import checksums
+from tools.bench import read_bench
+from tools.kernels import read_counts
+from tools.sweep import read_sweep
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidden=32", "--block_size=16",
         "--batch_size=2", "--eval_iters=1", "--device=cpu"]
@@ -102,14 +108,17 @@ def run(data, tmp_path_factory):
     return out
 
 
-def test_the_real_files_match_their_schemas(run, data):
-    """The schemas hold the files the scripts write (so a refusal below is of the mutation, not of the file)."""
-    check(torch.load(run / "ckpt.pt", weights_only=True), CHECKPOINT)
-    check(json.load(open(data / "shakespeare" / "meta.json")), META)
-    for name, schema in RESULTS.values():
-        check(json.load(open(os.path.join(ROOT, name))), schema)
-    with pytest.raises(Mismatch):
-        check({"iter_num": math.nan}, {"iter_num": CHECKPOINT["iter_num"].schema})
+def test_the_real_files_match_their_declarations(run, data):
+    """The declarations hold the files the scripts write (so a refusal below is of the mutation, not of the file):
+    a checkpoint's fields, its train_config by train.py's own options, meta.json."""
+    ckpt = read_checkpoint(str(run / "ckpt.pt"))
+    check_record(train.TrainConfig, ckpt["train_config"], "ckpt.pt's train_config", "fix")
+    check_record(Meta, json.load(open(data / "shakespeare" / "meta.json")), "meta.json", "fix")
+    for field, value in (("iter_num", math.nan), ("iter_num", -1), ("model_name", None)):
+        with pytest.raises(ConfigError, match=f"ckpt.pt: its field {field} must"):
+            check_record(Checkpoint, {**ckpt, field: value}, "ckpt.pt", "fix")
+    with pytest.raises(ConfigError, match="its field learning_rate must be above 0"):
+        check_record(train.TrainConfig, {**ckpt["train_config"], "learning_rate": 0.0}, "ckpt.pt", "fix")
 
 
 @pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["each_once", "in_full"])
@@ -156,13 +165,30 @@ def test_every_field_of_meta_json(data, tmp_path, capsys):
         shutil.rmtree(folder)
 
 
-# the tools' results: a committed file of each kind, and the commands that read it (FILE: the mutated copy)
+# the tools' results: a committed file of each kind, its reader (the records each tool declares), and the commands
+# that read it (FILE: the mutated copy)
 RESULTS = {
-    "decode": ("results/decode/cpu-1-thread.json", BENCH_DECODE),
-    "bench": ("results/h100/bench_300m_1024.json", BENCH),
-    "kernels": ("results/kernels_compiled.json", KERNELS),
-    "sweep": ("results/ablations/va_lr/results.json", SWEEP),
+    "decode": ("results/decode/cpu-1-thread.json", lambda path: read_bench(path, "the file", "fix", decode=True)),
+    "bench": ("results/h100/bench_300m_1024.json", lambda path: read_bench(path, "the file", "fix", decode=False)),
+    "kernels": ("results/kernels_compiled.json", lambda path: read_counts(path, "the file", "fix")),
+    "sweep": ("results/ablations/va_lr/results.json", read_sweep),
 }
+
+
+def test_the_real_results_files_hold_to_their_records(tmp_path):
+    """The tools' records hold the committed files (so a refusal below is of the mutation, not of the file), each
+    item of a list or an object of records included; a field of an item is named with the item."""
+    for name, read in RESULTS.values():
+        read(os.path.join(ROOT, name))
+    saved = json.load(open(os.path.join(ROOT, RESULTS["sweep"][0])))
+    for field, value, says in [("stats", {"va_entropy": "x"}, "its field stats holds an item that is not a number"),
+                               ("curve", [[0, 1.0, 2.0]], "its field curve holds an item that is not a pair"),
+                               ("curve", None, "its field curve must be list, not None"),
+                               ("seed", -1, "its field seed must be 0 or more")]:
+        path = tmp_path / "results.json"
+        path.write_text(json.dumps({**saved, "runs": [saved["runs"][0], {**saved["runs"][1], field: value}]}))
+        with pytest.raises(ConfigError, match=fr"results.json's runs\[1\]: {says}"):
+            read_sweep(str(path))
 
 
 def results_path(kind, folder):
@@ -324,7 +350,7 @@ def test_presets_are_read_within_limits_and_name_where_a_value_was_set(data, tmp
 
 def test_a_bad_merge_part_or_summary_file_changes_nothing(tmp_path, capsys):
     """tools/kernels.py --merge builds the whole file and checks it before it replaces --json; gpu_tables.py
-    --summary reads each file against its schema, and reads a folder that it cannot write."""
+    --summary reads each file against its records (tools/bench.py's), and reads a folder that it cannot write."""
     from test_errors import assert_one_error_line
     saved = json.load(open(os.path.join(ROOT, "results", "kernels_compiled.json")))
     parts = tmp_path / "parts"
@@ -342,7 +368,7 @@ def test_a_bad_merge_part_or_summary_file_changes_nothing(tmp_path, capsys):
     text = open(os.path.join(ROOT, "results", "h100", "decode.json")).read()
     (gpu / "decode.json").write_text(text[:len(text) // 2])  # cut short
     code, _, err = run_script("tools/gpu_tables.py", ["--summary", "--out", gpu, "--update_readme=false"], capsys)
-    assert_one_error_line(code, err, "decode.json is not readable JSON")
+    assert_one_error_line(code, err, "decode.json (JSONDecodeError: Unterminated string")
     (gpu / "decode.json").write_text(json.dumps({"results": [{"label": "vanilla"}]}))  # another tool's file
     code, _, err = run_script("tools/gpu_tables.py", ["--summary", "--out", gpu, "--update_readme=false"], capsys)
     assert_one_error_line(code, err, "decode.json: its field")
@@ -380,4 +406,4 @@ def test_prepare_makes_one_set_at_a_time_and_train_names_a_set_left_aside(tmp_pa
     os.rename(out / "notes", aside)  # as a run killed between its two renames leaves it
     code, _, err = run_script("train.py", ["--data_dir", out, "--dataset", "notes", "--out_dir", tmp_path / "run",
                                            *TINY], capsys)
-    assert code == 1 and f"put it back with `mv {aside} {out / 'notes'}`" in err and "Traceback" not in err, err
+    assert code == 1 and f"put it back with `mv -- {aside} {out / 'notes'}`" in err and "Traceback" not in err, err

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model_skiplayer as sla  # noqa: E402
 import model_vanilla as vanilla  # noqa: E402
-from plumbing.checkpoints import qkv_rows  # noqa: E402
+from hf.convert import qkv_rows  # noqa: E402
 from plumbing.config import make_config  # noqa: E402
 from generate import generate  # noqa: E402
 

@@ -1,10 +1,14 @@
 """sweep.py: the aggregation over seeds on hand-made numbers; a tiny two-seed sweep that is interrupted, resumed
 without retraining what it finished, and never reuses a run of another configuration; the ablations' points,
-which reuse the main table's runs by key, and every ablation's table and figure on a tiny run."""
+which reuse the main table's runs by key, and every ablation's table and figure on a tiny run; two sweeps into one
+results folder at once."""
 import json
 import math
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -245,3 +249,62 @@ def test_every_ablation_on_a_tiny_run(tiny_data, tmp_path):
     sweep.main([*args, "--table_only", f"--runs={points},va_lr-1e-3"])  # one more point: planned, not trained
     table = open(tmp_path / "results" / "ablations" / "va_lr" / "RESULTS.md").read()
     assert "**In progress: 4 of 6 runs**" in table and len(os.listdir(tmp_path / "runs")) == 2 * 6
+
+
+# The first of two sweeps, run by this script: its first write of results.json (after it re-read the file) waits until
+# the other sweep, whose process id the test writes to PID, has ended or waits for the results folder's lock (a "->"
+# line of /proc/locks): without the lock, the other writes its run meanwhile, which this write would drop.
+FIRST = """
+import os, sys, time
+from tools import sweep
+paused, pid_file = sys.argv[1:3]
+write = sweep.write_json
+
+def other_ended_or_waits():
+    if not os.path.exists(pid_file):
+        return False
+    pid = open(pid_file).read()
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True  # ended, and reaped
+    return state == "Z" or any(line.split()[1:2] == ["->"] and line.split()[5] == pid for line in open("/proc/locks"))
+
+def write_when_the_other_has(path, value):
+    if not os.path.exists(paused):
+        open(paused, "w").close()
+        while not other_ended_or_waits():
+            time.sleep(0.05)
+    write(path, value)
+
+sweep.write_json = write_when_the_other_has
+sweep.main(sys.argv[3:])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="the test watches /proc/locks (Linux)")
+def test_two_sweeps_at_once_into_one_results_folder_keep_every_run(tiny_data, tmp_path):
+    """Two sweeps at once into one --results folder, each training a seed of its own (two processes): the first
+    holds its write of results.json until the second has written its run, or waits to; every run that either
+    finished is in results.json."""
+    def sweep_argv(seed):
+        return ["--size=small", "--n_layer=1", "--block_size=32", "--batch_size=2", "--device=cpu", "--runs=vanilla",
+                "--train_iters=2", "--seeds=1", f"--seed={seed}", "--eval_points=1", f"--data_dir={tiny_data}",
+                f"--results={tmp_path / 'results'}", f"--runs_dir={tmp_path / 'runs'}", "--reuse=",
+                "--train_args=--eval_iters=1"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    logs = [open(tmp_path / f"{name}.log", "w+") for name in ("first", "second")]
+    first = subprocess.Popen([sys.executable, "-c", FIRST, str(tmp_path / "paused"), str(tmp_path / "pid"),
+                              *sweep_argv(1337)], cwd=ROOT, env=env, stdout=logs[0], stderr=subprocess.STDOUT)
+    start = time.time()
+    while not (tmp_path / "paused").exists():  # the first has trained its run, read results.json, and waits
+        assert first.poll() is None and time.time() - start < 300, open(tmp_path / "first.log").read()
+        time.sleep(0.1)
+    second = subprocess.Popen([sys.executable, "-m", "tools.sweep", *sweep_argv(1338)], cwd=ROOT, env=env,
+                              stdout=logs[1], stderr=subprocess.STDOUT)
+    (tmp_path / "pid.tmp").write_text(str(second.pid))
+    os.rename(tmp_path / "pid.tmp", tmp_path / "pid")  # whole, for the first to read
+    codes = [second.wait(timeout=300), first.wait(timeout=300)]
+    assert codes == [0, 0], [open(tmp_path / f"{name}.log").read() for name in ("second", "first")]
+    runs = json.load(open(tmp_path / "results" / "results.json"))["runs"]
+    assert sorted((r["label"], r["seed"]) for r in runs) == [("vanilla", 1337), ("vanilla", 1338)]

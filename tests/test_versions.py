@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from plumbing.checkpoints import read_checkpoint
+from plumbing.files import read_checkpoint
 import train
 from conftest import ROOT
 

@@ -32,14 +32,12 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, model_from_checkpoint, peak_flops,
                     resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
-from plumbing.checkpoints import checkpoint_path
 from plumbing.config import option
-from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import open_split, read_json, read_meta, regular_file, write_json
+from plumbing.errors import ConfigError, main_boundary, printable
+from plumbing.files import checkpoint_path, open_split, read_meta, regular_file, write_json
 from plumbing.models import build_model, load_model_module
 from plumbing.options import parse_simple
-from plumbing.schemas import BENCH, BENCH_DECODE, checked
-from tools.tables import command_line, hardware_name, update_readme
+from tools.tables import command_line, each, hardware_name, read_results, update_readme
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
 RUNS = [
@@ -103,6 +101,72 @@ class BenchConfig:
     update_readme: bool = option(False, "--decode: also rewrite the copy of the table between the markers "
                                  "<!-- JSON:start --> and <!-- JSON:end --> of the --json path, in the page of "
                                  "README.md or docs/ that holds them (docs/benchmarks.md)")
+
+
+# ---- the --json file, as its readers hold it (--table_only, python -m tools.gpu_tables --summary): a header and a row
+# per model; a field a file lacks is an older file's, one not declared a newer file's or one no reader uses
+
+@dataclass
+class BenchFile:
+    hardware: str = option("", "the machine", required=True)
+    dtype: str = option("", "the autocast dtype", required=True)
+    torch: str = option("", "torch's version", required=True)
+    repeats: int = option(1, "--repeats", min=1)
+    shape: dict = option(None, "the model shape measured", required=True)
+    results: list = option(None, "a row per model (BenchRow)", required=True)
+
+
+@dataclass
+class DecodeFile(BenchFile):
+    prompt_tokens: int = option(1, "--prompt_tokens", min=1, required=True)
+    decode_tokens: int = option(1, "--decode_tokens", min=1, required=True)
+    command: list = option(None, "the words of the command after python", required=True)
+    baseline: str = option(None, "--baseline")
+
+    def __post_init__(self):
+        each(self, "command", lambda word: type(word) is str, "a string")
+
+
+@dataclass
+class BenchRow:
+    label: str = option("", "the run's label", required=True)
+    mode: str = option("eager", "--decode: the decode step timed", choices=("eager", "compiled", "baseline"))
+    batch: int = option(1, "--decode: rows generated together", min=1)
+    mfu: float = option(None, "model FLOPs utilisation; null off a known GPU", min=0)
+    compile_s: float = option(None, "seconds to compile the decode step; null where eager", min=0)
+    decode_tok_s: float = option(0.0, "--decode: tokens/s of the decode steps", min=0)
+    prefill_tok_s: float = option(0.0, "--decode: tokens/s of the prefill", min=0)
+    time_to_first_token_s: float = option(0.0, "--decode: seconds to the first token", min=0)
+    # ratios to vanilla's in the same run (skip_ratio: to the same model's generation without skipping; baseline_ratio:
+    # to the --baseline checkout's): the median over the repeats, and the smallest and the largest
+    train_speed_ratio: float = option(1.0, "training tokens/s over vanilla's", min=0)
+    train_speed_ratio_min: float = option(1.0, "", min=0)
+    train_speed_ratio_max: float = option(1.0, "", min=0)
+    peak_mem_ratio: float = option(1.0, "peak memory of a training step over vanilla's", min=0)
+    decode_ratio: float = option(1.0, "decode tokens/s over vanilla's", min=0)
+    decode_ratio_min: float = option(1.0, "", min=0)
+    decode_ratio_max: float = option(1.0, "", min=0)
+    skip_ratio: float = option(1.0, "decode tokens/s skipping over not skipping", min=0)
+    skip_ratio_min: float = option(1.0, "", min=0)
+    skip_ratio_max: float = option(1.0, "", min=0)
+    baseline_ratio: float = option(1.0, "decode tokens/s over the --baseline checkout's", min=0)
+    baseline_ratio_min: float = option(1.0, "", min=0)
+    baseline_ratio_max: float = option(1.0, "", min=0)
+
+
+@dataclass
+class DecodeRow(BenchRow):
+    mode: str = option("eager", "the decode step timed", choices=("eager", "compiled", "baseline"), required=True)
+    batch: int = option(1, "rows generated together", min=1, required=True)
+    decode_tok_s: float = option(0.0, "tokens/s of the decode steps", min=0, required=True)
+    prefill_tok_s: float = option(0.0, "tokens/s of the prefill", min=0, required=True)
+    time_to_first_token_s: float = option(0.0, "seconds to the first token", min=0, required=True)
+
+
+def read_bench(path, what, fix, decode):
+    """The --json file at path (of --decode where decode), every row checked."""
+    return read_results(path, what, fix, DecodeFile if decode else BenchFile, "results",
+                        DecodeRow if decode else BenchRow)
 
 
 def saved_tensor_bytes(model, x, y):
@@ -201,8 +265,9 @@ def check_gated(wanted, shape, args):
 
 def checkpoint_generation(args, device, ctx):
     """--checkpoint: skip_generation() on a trained run, greedy from the first 16 tokens of its val split."""
-    if not os.path.exists(checkpoint_path(args.checkpoint)):
-        raise ConfigError(f"--checkpoint {args.checkpoint}: no checkpoint there; pass the out_dir of a training run")
+    if not os.path.exists(checkpoint_path(args.checkpoint)):  # read_checkpoint's hint names --out_dir, not --checkpoint
+        raise ConfigError(f"--checkpoint {printable(args.checkpoint)}: no checkpoint there; pass the out_dir of a "
+                          "training run")
     model, _, ckpt = model_from_checkpoint(args.checkpoint, device)
     model.eval()
     # the data set's folder as train.py named it (--dataset), which meta.json's "dataset" is only for the data sets
@@ -211,7 +276,8 @@ def checkpoint_generation(args, device, ctx):
     if not dataset:
         raise ConfigError(f"{args.checkpoint}: its checkpoint names no data set to take a prompt from; pass the out_dir "
                           "of a run that train.py saved")
-    val = open_split(args.data_dir, dataset, "val", read_meta(args.data_dir, dataset), model.config.vocab_size)
+    # a window of 1 token at least, to prompt with (a shorter prompt than 16 will do): an empty split is one line
+    val = open_split(args.data_dir, dataset, "val", read_meta(args.data_dir, dataset), model.config.vocab_size, 1)
     prompt = torch.from_numpy(val[:16].astype(np.int64))[None].to(device)  # (1, 16)
     if args.close_gates >= 0:
         close_gates(model, args.close_gates)
@@ -498,7 +564,7 @@ def main(argv):
         if not (args.decode and args.json):
             raise ConfigError("--table_only prints the --decode table of a --json file: give --decode and --json")
         fix = "give a file that `python -m tools.bench --decode --json` wrote"
-        saved = checked(read_json(args.json, "the --json file", fix), BENCH_DECODE, args.json, fix)
+        saved = read_bench(args.json, "the --json file", fix, decode=True)
         text = publish_decoding(saved, args.json) if args.update_readme else decoding_table(saved["results"],
                                                                                              saved.get("baseline"))
         print(text, end="")
@@ -550,7 +616,7 @@ def main(argv):
         print_measurements(rows)
         head.update(batch_size=args.batch_size, compile=args.compile, warmup=args.warmup, iters=args.iters)
     if args.json:
-        write_json(args.json, {**head, "results": rows}, BENCH_DECODE if args.decode else BENCH)
+        write_json(args.json, {**head, "results": rows})
     if args.update_readme:
         publish_decoding({**head, "results": rows}, args.json)
     return rows

@@ -44,10 +44,10 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
     sys.exit("run it from the repository root as `python -m tools.gpu_tables`")
 
 from plumbing.config import option
-from plumbing.errors import ConfigError, RunError, main_boundary
-from plumbing.files import output_file, read_json
+from plumbing.errors import ConfigError, RunError, main_boundary, printable
+from plumbing.files import output_file
 from plumbing.options import check_output, parse_simple, without
-from plumbing.schemas import BENCH, BENCH_DECODE, checked
+from tools.bench import read_bench
 from tools.tables import hardware_name, update_readme
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
@@ -220,9 +220,8 @@ def summary(out):
         path = os.path.join(out, name)
         if not os.path.exists(path):
             return None
-        fix = f"run its part again (python -m tools.gpu_tables --parts ...), or move the file out of {out}"
-        return checked(read_json(path, "the results file", fix), BENCH_DECODE if name == "decode.json" else BENCH,
-                       path, fix)
+        fix = f"run its part again (python -m tools.gpu_tables --parts ...), or move the file out of {printable(out)}"
+        return read_bench(path, "the results file", fix, decode=name == "decode.json")
 
     compiled, eager, long, decode = (read(n) for n in ("bench_300m_1024.json", "bench_300m_1024_eager.json",
                                                        "bench_300m_4096.json", "decode.json"))

@@ -43,14 +43,13 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 
 from common import autocast, resolve_device
 from generate import cache_for, compile_decode_step, decode_step, inference
-from plumbing.config import option
-from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import read_json, write_json
+from plumbing.config import check_record, option
+from plumbing.errors import ConfigError, arg, main_boundary, printable
+from plumbing.files import write_json
 from plumbing.models import build_model, load_model_module, model_names
 from plumbing.options import explicit_options, parse_simple, without
-from plumbing.schemas import KERNELS, checked
 from tools.bench import RUNS
-from tools.tables import command_line, hardware_name, update_readme
+from tools.tables import command_line, each, hardware_name, read_results, update_readme
 
 # --size: the shape options' values when not given; gpt2 is GPT-2 small's, small the model files' own defaults
 SHAPES = {
@@ -97,6 +96,48 @@ class KernelsConfig:
     merge: str = option("", "count nothing: join the files <this folder>/<label>.json, one per label of this "
                         "command, each counted with its options and --runs <label> --with_vanilla false, into the "
                         "--json file that this command less --merge would have written", path=True)
+
+
+# ---- the --json file, as its readers hold it (--table_only, --merge): what was counted, and the counts by label
+
+@dataclass
+class KernelsFile:
+    shape: dict = option(None, "what the counts were counted at and with (KernelsShape)", required=True)
+    models: dict = option(None, "the counts by label (Counts)", required=True)
+
+
+@dataclass
+class KernelsShape:
+    n_layer: int = option(1, "--n_layer", min=1, required=True)
+    n_embd: int = option(1, "--n_embd", min=1, required=True)
+    vocab_size: int = option(1, "--vocab_size", min=1, required=True)
+    batch_size: int = option(1, "--batch_size", min=1, required=True)
+    block_size: int = option(1, "--block_size", min=1, required=True)
+    device: str = option("", "the machine", required=True)
+    torch: str = option("", "torch's version", required=True)
+    compiled: bool = option(False, "--compiled")
+    dtype: str = option("float32", "the dtype of the training step")
+    command: str = option(None, "the command that counts them")
+
+
+@dataclass
+class Counts:
+    train: int = option(1, "kernels per training step (a step makes one at least: vanilla's divides the ratios)",
+                        min=1, required=True)
+    decode: int = option(1, "kernels per decode step", min=1, required=True)
+    train_ops: dict = option(None, "the training step's kernels by name")
+    decode_ops: dict = option(None, "the decode step's kernels by name")
+
+    def __post_init__(self):
+        for name in ("train_ops", "decode_ops"):
+            each(self, name, lambda n: type(n) is int and n >= 0, "a count of 0 or more")
+
+
+def read_counts(path, what, fix):
+    """The --json file at path, checked whole: its shape and every label's counts."""
+    saved = read_results(path, what, fix, KernelsFile, "models", Counts)
+    check_record(KernelsShape, saved["shape"], f"{path}'s shape", fix)
+    return saved
 
 
 class KernelCount(TorchDispatchMode):
@@ -220,8 +261,6 @@ def parse_args(argv):
     if (args.update_readme or args.table_only or args.merge) and not args.json:
         what = "--table_only reads" if args.table_only else "--merge writes" if args.merge else "--update_readme writes"
         raise ConfigError(f"{what} the table of a --json file; give --json too")
-    if args.table_only and not os.path.isfile(args.json):
-        raise ConfigError(f"--table_only: no file {args.json}; count first (without --table_only)")
     if args.table_only and args.merge:
         raise ConfigError("--table_only prints a file's table and --merge joins parts into one: give one of them")
     if args.model_file and (args.compiled or args.merge):
@@ -256,19 +295,18 @@ def merged(args, argv):
     rows, first = {}, None
     for label, _, _ in args.labels:
         path = os.path.join(args.merge, f"{label}.json")
-        fix = ("count it: `" + shlex.join(["python", "-m", "tools.kernels", *alone, "--runs", label, "--with_vanilla",
-                                           "false",
-                                           "--json", path]) + "`")
-        part = checked(read_json(path, "--merge part", fix), KERNELS, path, fix)
+        fix = (f"count it: `{shlex.join(['python', '-m', 'tools.kernels', *alone, '--runs', label])} "
+               f"--with_vanilla false {arg('json', path)}`")
+        part = read_counts(path, "--merge part", fix)
         shape, models = part["shape"], part["models"]
         if label not in models:
-            raise ConfigError(f"--merge part {path} holds no counts of {label}; {fix}")
+            raise ConfigError(f"--merge part {printable(path)} holds no counts of {label}; {fix}")
         first = first or shape
         want = header(args, first.get("device"), dtype, first.get("torch"), shape.get("command"))
         wrong = [k for k in want if shape.get(k) != want[k]]
         if wrong:
-            raise ConfigError(f"--merge part {path} has {wrong[0]} {shape.get(wrong[0])!r} where this command (and its "
-                              f"first part's device and torch) has {want[wrong[0]]!r}; {fix}")
+            raise ConfigError(f"--merge part {printable(path)} has {wrong[0]} {shape.get(wrong[0])!r} where this command "
+                              f"(and its first part's device and torch) has {want[wrong[0]]!r}; {fix}")
         rows[label] = models[label]
     return {"shape": header(args, first["device"], dtype, first["torch"],
                             shlex.join(["python", "-m", "tools.kernels", *command])),
@@ -280,7 +318,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.table_only:
         fix = "give a file that `python -m tools.kernels --json` wrote"
-        return publish(checked(read_json(args.json, "the --json file", fix), KERNELS, args.json, fix), args)
+        return publish(read_counts(args.json, "the --json file", fix), args)
     if args.merge:
         saved = merged(args, argv)
     else:
@@ -294,7 +332,7 @@ def main(argv=None):
             os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         saved = counted(args, argv, device)
     if args.json:
-        write_json(args.json, saved, KERNELS)
+        write_json(args.json, saved)
     if "vanilla" not in saved["models"]:  # a part (--with_vanilla false): no base for the ratios, so no table
         for label, r in saved["models"].items():
             print(f"{label}: {r['train']} kernels per training step, {r['decode']} per decode step")

@@ -36,27 +36,30 @@ import shlex
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock (one sweep into a results folder at a time)
+    fcntl = None
 
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
 from analysis.figures import import_pyplot, save_png
 from common import DTYPES, SIZES, model_from_checkpoint
-from plumbing.checkpoints import read_checkpoint
 from plumbing.config import option
-from plumbing.errors import ConfigError, Interrupted, main_boundary
-from plumbing.files import (open_split, output_file, parse_json, read_json, read_meta, read_text, write_json,
+from plumbing.errors import ConfigError, Interrupted, main_boundary, printable
+from plumbing.files import (open_split, output_file, parse_json, read_checkpoint, read_meta, read_text, write_json,
                             written)
 from plumbing.models import load_model_module
-from plumbing.options import parse_model_options, parse_simple
-from plumbing.schemas import SWEEP, checked
+from plumbing.options import parse_model_options, parse_simple, without
 from tools.bench import RUNS
-from tools.tables import hardware_name, update_readme
+from tools.tables import each, hardware_name, number, read_results, update_readme
 from eval import evaluate_split
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
@@ -400,10 +403,10 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     model, _, ckpt = model_from_checkpoint(out_dir, device)
     model.eval()
     T = model.config.block_size
-    val = open_split(args.data_dir, args.dataset, "val", meta, model.config.vocab_size)
+    val = open_split(args.data_dir, args.dataset, "val", meta, model.config.vocab_size, T)
     loss, _, count = evaluate_split(model, val, T, args.eval_batch_size, device, ctx, progress=False)
     if not math.isfinite(loss[-1].item()):  # a table shows no NaN as a number: the run is refused, not recorded
-        raise ConfigError(f"the run {out_dir} has a validation loss that is not finite ({loss[-1].item()}); "
+        raise ConfigError(f"the run {printable(out_dir)} has a validation loss that is not finite ({loss[-1].item()}); "
                           f"delete its folder and check --train_args, or leave {label} out of --runs")
     evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
     log = os.path.join(out_dir, "log.jsonl")
@@ -414,8 +417,8 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
             if "val_loss" in record:
                 evals[int(record["iter"])] = float(record["val_loss"])
         except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"the run's log {log} line {n} is not a record of train.py ({e}); delete the run's "
-                              "folder to train it again")
+            raise ConfigError(f"the run's log {printable(log)} line {n} is not a record of train.py ({e}); delete the "
+                              "run's folder to train it again")
     return {"label": label, "seed": seed, "key": key, "options": options,
             "val_loss": loss[-1].item(), "val_tokens": count, "steps": ckpt["iter_num"],
             "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
@@ -438,50 +441,91 @@ def model_stats(model, val, T, batch_size, device, ctx):
 # ----------------------------------------------------------------------------------------------------------
 # results.json
 
-def read_results(json_path):
+@dataclass
+class SweepFile:
+    """results.json: a header (the command, the machine, the shape) and a record per trained run."""
+    runs: list = option(None, "a record per run (Run)", required=True)
+    command: list = option(None, "the words of the command after python")
+    hardware: str = option("", "the machine of the latest run trained")
+    torch: str = option("", "torch's version there")
+    summary: list = option(None, "a row per label (aggregate())")
+
+    def __post_init__(self):
+        each(self, "command", lambda word: type(word) is str, "a string")
+
+
+@dataclass
+class Run:
+    """A trained run, as train_and_evaluate() records it."""
+    label: str = option("", "the sweep's label", required=True)
+    seed: int = option(0, "--seed", min=0, required=True)
+    key: str = option("", "run_key(): its options and data set", required=True)
+    options: list = option(None, "its train.py options", required=True)
+    val_loss: float = option(0.0, "over the whole validation split", required=True)
+    val_tokens: int = option(1, "the split's tokens evaluated", min=1, required=True)
+    steps: int = option(0, "trained", min=0, required=True)
+    tokens_seen: int = option(0, "trained on", min=0, required=True)
+    train_seconds: float = option(0.0, "wall time of the training", min=0, required=True)
+    params: int = option(1, "the model's", min=1, required=True)
+    stats: dict = option(None, "the model file's stats(): numbers, or null", required=True)
+    curve: list = option(None, "[tokens seen, validation loss] at each evaluation", required=True)
+    cpu_seconds: float = option(0.0, "this process's CPU time, training and evaluation", min=0)
+    reused: bool = option(False, "copied from another results.json under the same key")
+
+    def __post_init__(self):
+        each(self, "options", lambda word: type(word) is str, "a string")
+        each(self, "stats", lambda v: v is None or number(v), "a number or null")
+        each(self, "curve", lambda p: type(p) is list and len(p) == 2 and all(map(number, p)), "a pair of numbers")
+
+
+def read_sweep(json_path):
     """A results.json ({} where there is none), checked: an object whose runs are records with a key."""
     if not os.path.exists(json_path):
         return {}
-    fix = "restore it from version control, or move it away to train its runs again"
-    return checked(read_json(json_path, "the results file", fix), SWEEP, json_path, fix)
+    return read_results(json_path, "the results file", "restore it from version control, or move it away to train its "
+                        "runs again", SweepFile, "runs", Run)
 
 
 def saved_runs(json_path):
     """The runs a results.json holds, by key ({} where there is none)."""
-    return {r["key"]: r for r in read_results(json_path).get("runs", [])}
+    return {r["key"]: r for r in read_sweep(json_path).get("runs", [])}
+
+
+@contextmanager
+def locked(folder):
+    """The results folder held by this sweep while it re-reads results.json, merges its own and writes it whole (flock
+    on the folder: nothing is created in it): of two sweeps writing into one folder at once, each keeps the other's
+    runs. The other waits for it here, for a moment."""
+    os.makedirs(folder, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def save_run(sweep, record, header, argv):
-    """Add one run to the sweep's results.json, keeping what a sweep beside this one wrote meanwhile, and the
-    runs of other configurations (unused). The header describes the machine of the latest run trained."""
+    """Add one run to the sweep's results.json, keeping every run that a sweep beside this one wrote meanwhile, and
+    the runs of other configurations (unused). The header describes the machine of the latest run trained."""
     json_path = os.path.join(sweep["results"], "results.json")
-    os.makedirs(sweep["results"], exist_ok=True)
-    saved = read_results(json_path)
-    runs = {**saved_runs(json_path), record["key"]: record}
-    head = {**header, "command": command(sweep, argv)}
-    if record.get("reused") and "hardware" in saved:
-        head.update({k: saved[k] for k in ("hardware", "torch")})
-    write_json(json_path, {**saved, **head, "runs": list(runs.values())}, SWEEP)  # whole: an interrupted sweep
-    # never leaves a broken results.json
+    with locked(sweep["results"]):
+        saved = read_sweep(json_path)
+        head = {**header, "command": command(sweep, argv)}
+        if record.get("reused") and "hardware" in saved:
+            head.update({k: saved[k] for k in ("hardware", "torch")})
+        runs = {**{r["key"]: r for r in saved.get("runs", [])}, record["key"]: record}
+        write_json(json_path, {**saved, **head, "runs": list(runs.values())})  # whole: an interrupted sweep never
+        # leaves a broken results.json
 
 
 def command(sweep, argv):
     """The command that regenerates this sweep: argv less --max_runs and --table_only, one ablation only."""
-    kept = without_options(argv, "--max_runs", "--table_only", "--ablation")
+    kept = without(argv, "--max_runs", "--table_only", "--ablation")
     return ["-m", "tools.sweep", *(["--ablation", sweep["name"]] if sweep["name"] else []), *kept]
-
-
-def without_options(argv, *names):
-    """argv less the named options, in either form (--name=value or --name value)."""
-    kept, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-        elif a.split("=")[0] in names:
-            skip = "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        else:
-            kept.append(a)
-    return kept
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -535,26 +579,26 @@ def report(sweep, header, args, argv, figure=False, final=False):
     While no planned run is on record, RESULTS.md (and its copy) only say so. The machine named is the one
     results.json names, that of the latest run trained. Returns the rows."""
     json_path = os.path.join(sweep["results"], "results.json")
-    saved = read_results(json_path)
-    done = saved_runs(json_path)
-    planned = [key for seed in sorted(sweep["plan"]) for *_, key in sweep["plan"][seed]]
-    runs = [done[key] for key in planned if key in done]
-    head = {**header, **{k: saved[k] for k in ("hardware", "torch") if k in saved}, "command": command(sweep, argv)}
     labels = [label for label, *_ in sweep["points"]]
     configs = point_configs(sweep, header)
     models = {label: name for label, name, _ in sweep["points"]}
-    xs = {r["key"]: sweep["x"](configs[r["label"]], r["stats"]) if models[r["label"]] != "vanilla" else []
-          for r in runs} if "x" in sweep else {}  # vanilla is drawn as a line across, not as a point
-    pair = frontier_pair(runs, xs, sweep["reference"]) if "frontier" in sweep else None
-    rows = aggregate(runs, labels, pair)
-    if runs:
-        write_json(json_path, {**saved, **head, "summary": rows}, SWEEP)
-    table = results_table(sweep, rows, runs, head, len(planned))
-    os.makedirs(sweep["results"], exist_ok=True)
-    with written(os.path.join(sweep["results"], "RESULTS.md")) as f:
-        f.write(table)
-    if args.update_readme:
-        update_readme(table, sweep["results"])
+    with locked(sweep["results"]):  # the runs on record now, a sweep's beside this one's included (save_run())
+        saved = read_sweep(json_path)
+        done = {r["key"]: r for r in saved.get("runs", [])}
+        planned = [key for seed in sorted(sweep["plan"]) for *_, key in sweep["plan"][seed]]
+        runs = [done[key] for key in planned if key in done]
+        head = {**header, **{k: saved[k] for k in ("hardware", "torch") if k in saved}, "command": command(sweep, argv)}
+        xs = {r["key"]: sweep["x"](configs[r["label"]], r["stats"]) if models[r["label"]] != "vanilla" else []
+              for r in runs} if "x" in sweep else {}  # vanilla is drawn as a line across, not as a point
+        pair = frontier_pair(runs, xs, sweep["reference"]) if "frontier" in sweep else None
+        rows = aggregate(runs, labels, pair)
+        if runs:
+            write_json(json_path, {**saved, **head, "summary": rows})
+        table = results_table(sweep, rows, runs, head, len(planned))
+        with written(os.path.join(sweep["results"], "RESULTS.md")) as f:
+            f.write(table)
+        if args.update_readme:
+            update_readme(table, sweep["results"])
     if final:
         print(table)
     path = os.path.join(sweep["results"], sweep["figure"])

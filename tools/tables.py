@@ -1,7 +1,9 @@
 """
-The copies of generated tables in README.md and docs/ (each between its markers), and the hardware a table names.
+The copies of generated tables in README.md and docs/ (each between its markers), the hardware a table names, and
+the reader of the tools' results files (each tool declares its file's fields with option(), beside its options).
 """
 import glob
+import math
 import os
 import re
 import shlex
@@ -13,7 +15,9 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("tools/tables.py is a library module (the generated tables of the tools); run a script, "
              "e.g. `python train.py --help`")
 
-from plumbing.files import written
+from plumbing.config import check_record
+from plumbing.errors import ConfigError, printable
+from plumbing.files import read_json, written
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -54,7 +58,32 @@ def hardware_name(device):
     return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
 
 
+def read_results(path, what, fix, record, field, item):
+    """A tool's results file: the JSON object at path held to record (plumbing/config.py's check_record), and each
+    item of its field `field` (a list, or an object of items by name) to the record item; ConfigError naming the file,
+    the field and fix."""
+    saved = read_json(path, what, fix, record)
+    items = saved.get(field)
+    if items is None:  # a required field, or null: the validator takes null where a field's default is None
+        raise ConfigError(f"{printable(path)}: its field {field} is {'null' if field in saved else 'missing'}; {fix}")
+    for key, value in items.items() if isinstance(items, dict) else enumerate(items):
+        check_record(item, value, f"{path}'s {field}[{key}]", fix)
+    return saved
 
+
+def each(record, name, test, what):
+    """A rule of a results record's __post_init__: its field name (a list or an object) is not null where it is
+    required, and every item (a list's, or an object's values) passes test; else ValueError naming the field."""
+    value = getattr(record, name)
+    if value is None and record.__dataclass_fields__[name].metadata.get("required"):
+        raise ValueError(f"its field {name} is null")
+    if value is not None and not all(map(test, value.values() if isinstance(value, dict) else value)):
+        raise ValueError(f"its field {name} holds an item that is not {what}")
+
+
+def number(value):
+    """A JSON number (a bool is not one; parse_json lets no NaN or infinity in)."""
+    return type(value) in (int, float) and math.isfinite(value)
 
 # the tools that were top-level files before they moved into folders, as the modules they are now
 MOVED = {"bench.py": "tools.bench", "kernels.py": "tools.kernels", "gpu_tables.py": "tools.gpu_tables",

@@ -1,0 +1,141 @@
+"""What the machine does to a run, answered by the one boundary of each script (plumbing/errors.py), not by a check
+per input: a file-size limit (EFBIG) or a full disk while a file is written, a symbolic link that loops, a name the
+system cannot hold or that is not UTF-8, a closed pipe, Ctrl-C to a pool of workers. Each ends in one line naming the
+file or the step and the fix, with nothing saved lost; a closed pipe ends quietly. Each runs in a process of its
+own: a resource limit, a signal and a pipe are a process's."""
+import glob
+import hashlib
+import os
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TINY
+
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+
+
+def run(args, limit=None, env=ENV, **kwargs):
+    """(exit code, stdout, stderr) of `python args` from the repository, under a file-size limit of limit bytes."""
+    def set_limit():
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    args = [a if isinstance(a, bytes) else str(a) for a in args]
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, env=env, timeout=300,
+                       preexec_fn=set_limit, **kwargs)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def one_line(code, err, *words):
+    """The script failed in one `error:` line holding every one of words, without a traceback."""
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("note:")]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert all(w in lines[0] for w in words), (words, lines[0])
+    return lines[0]
+
+
+def digest(folder):
+    return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest() for f in sorted(os.listdir(folder))}
+
+
+def test_a_file_size_limit_while_resume_rewrites_the_log_or_writes_the_checkpoint(tiny_data, tiny_run, tmp_path):
+    """EFBIG wherever a resumed run writes: one line naming the file and the limit, and the run's files as they were
+    (the checkpoint of the step it resumed is kept, and said to be)."""
+    import shutil
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run, out)
+    before = digest(out)
+    code, _, err = run(["train.py", "--resume", "--out_dir", out, "--data_dir", tiny_data, "--max_iters=4",
+                        "--eval_interval=2", "--batch_size=4", "--eval_iters=2", "--device=cpu"], limit=1000)
+    line = one_line(code, err, "File too large", "ulimit -f")
+    assert str(out / "log.jsonl") in line or "checkpoint of step 2" in line, line
+    after = digest(out)
+    assert after["ckpt.pt"] == before["ckpt.pt"], err
+
+
+def test_a_new_run_whose_first_checkpoint_cannot_be_written_says_none_was(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = run(["train.py", "--out_dir", out, "--data_dir", tiny_data, "--max_iters=2", "--eval_interval=2",
+                        *TINY], limit=20_000)
+    line = one_line(code, err, "ckpt.pt", "File too large", "no checkpoint was written")
+    assert "is kept" not in line
+    assert not os.path.exists(out / "ckpt.pt")
+
+
+def test_prepare_under_a_file_size_limit_keeps_the_data_set_it_replaces(tmp_path):
+    code, _, err = run(["prepare.py", "--out_dir", tmp_path, "--max_tokens=30000"])
+    assert code == 0, err
+    before = digest(tmp_path / "shakespeare")
+    code, _, err = run(["prepare.py", "--out_dir", tmp_path, "--max_tokens=300000", "--num_proc=1"], limit=100_000)
+    one_line(code, err, "File too large")
+    assert digest(tmp_path / "shakespeare") == before and os.listdir(tmp_path) == ["shakespeare"]
+
+
+def test_names_the_system_cannot_hold_are_refused_before_any_work(tmp_path):
+    """A name whose temporary sibling would be too long, a path over the system's limit, a link that loops: one line
+    each, and nothing made."""
+    code, _, err = run(["prepare.py", "--out_dir", tmp_path, "--name", "n" * 250])
+    one_line(code, err, "--name", "shorter")
+    code, _, err = run(["prepare.py", "--out_dir", str(tmp_path) + ("/" + "d" * 200) * 25])
+    one_line(code, err, "--out_dir", "shorter")
+    os.symlink("loop", tmp_path / "loop")
+    code, _, err = run(["sample.py", "--out_dir", tmp_path / "loop" / "ckpt.pt"])
+    one_line(code, err, "symbolic link")
+    assert sorted(os.listdir(tmp_path)) == ["loop"]
+
+
+def test_a_run_folder_named_with_a_dash_or_bytes_that_are_not_utf8(tiny_data, tmp_path):
+    """The run succeeds and says so (a name that is not UTF-8 prints escaped, not as a crash of the last print), and
+    the commands it prints run when pasted."""
+    out = os.fsencode(tmp_path) + b"/-run\xff"
+    code, stdout, err = run(["train.py", "--out_dir", out, "--data_dir", tiny_data, "--max_iters=2",
+                             "--eval_interval=2", *TINY], env={**ENV, "PYTHONIOENCODING": "utf-8:strict"})
+    assert code == 0 and "Traceback" not in err, err
+    assert "\\udcff" in stdout or "\\xff" in stdout, stdout
+    dashed = tmp_path / "-run"
+    code, stdout, err = run(["train.py", f"--out_dir={dashed}", "--data_dir", tiny_data, "--max_iters=2",
+                             "--eval_interval=2", *TINY])
+    assert code == 0, err
+    sample = stdout.split("sample from it: `")[1].split("`")[0]
+    words = shlex.split(sample)
+    code, _, err = run([*words[1:], "--max_new_tokens=3", "--num_samples=1", "--device=cpu"])
+    assert code == 0, (sample, err)
+
+
+@pytest.mark.parametrize("script", ["sample.py", "eval.py"])
+def test_a_closed_pipe_ends_quietly(tiny_run, tiny_data, script):
+    args = ["--out_dir", tiny_run, "--device=cpu"] + (["--max_new_tokens=200", "--num_samples=5"] if script ==
+                                                     "sample.py" else ["--json", "--data_dir", tiny_data])
+    p = subprocess.Popen([sys.executable, script, *map(str, args)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # `| head -c 0`: the reader is gone before the script writes
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) != 0 and "Traceback" not in err and "error" not in err.lower(), err
+
+
+def test_ctrl_c_stops_prepare_and_its_workers_at_once_in_one_line(tmp_path):
+    text = tmp_path / "big.txt"
+    text.write_text("All the world's a stage, and all the men and women merely players.\n\n" * 400_000)
+    p = subprocess.Popen([sys.executable, "prepare.py", "--files", str(text), "--out_dir", str(tmp_path / "data"),
+                          "--num_proc=2", "--max_tokens=0"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE,
+                         stdout=subprocess.PIPE, start_new_session=True)
+    for _ in range(600):  # into the tokenising: its data set's temporary folder is there
+        if glob.glob(str(tmp_path / "data" / ".big.tmp-*")) or p.poll() is not None:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert p.poll() is None, p.stderr.read().decode()
+    os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    t0 = time.time()
+    code = p.wait(timeout=30)
+    err = p.stderr.read().decode()
+    assert time.time() - t0 < 10 and code == 1, err
+    one_line(code, err, "interrupted")
+    assert not os.path.exists(tmp_path / "data" / "big")
+    with pytest.raises(ProcessLookupError):  # no worker left behind
+        os.killpg(p.pid, 0)
