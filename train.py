@@ -6,18 +6,12 @@ The one trainer for every model file.
     torchrun --standalone --nproc_per_node=8 train.py --model vertical
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
 
-`--model NAME` loads model_NAME.py; every field of that file's GPTConfig is an option too (`--n_layer 12`,
-`--va_lr 0.01`): `python train.py --model NAME --help` lists them. Leading arguments are preset files (`name =
-value` lines, config/*.py), read and applied in order before the command line. As in nanoGPT,
---gradient_accumulation_steps is the total per optimiser step; each of N processes does 1/N.
-
-A run is a transaction: out_dir is taken (locked) first, so that a second run in it is refused, and every check
-(options, data, checkpoint, model, optimiser, one forward pass) passes before anything is written there; a new run
-refused by a check leaves no folder. log.jsonl is append-only: a resumed run keeps every record up to its
-checkpoint's step and moves the records after it to log.superseded.jsonl. This file reads top to bottom (the
-options, the data, the optimiser and the schedule, the processes, one step, evaluation, the log, what the run
-trains, the checkpoint, the run); every decision of a run is a line here, and the checks and the one-line errors
-are in plumbing/, which a learner may skip: it checks and reads, and decides nothing.
+`--model NAME` loads model_NAME.py, and every field of its GPTConfig is an option too (`--model NAME --help` lists
+them); leading arguments are preset files (config/*.py). As in nanoGPT, --gradient_accumulation_steps is the total
+per optimiser step, shared by the processes. A run is a transaction: out_dir is taken (locked) first, every check
+passes (one forward pass included) before anything is written there, and log.jsonl is append-only (a resumed run
+moves the records after its checkpoint to log.superseded.jsonl). This file reads top to bottom; every decision of a
+run is a line here, and the checks and one-line errors are in plumbing/, which a learner may skip.
 """
 import dataclasses
 import math
@@ -48,11 +42,10 @@ class TrainConfig:
     model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
     out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True, out="folder")
     resume: bool = option(False, "continue the run saved in out_dir")
-    size: str = option("", "a shape of the Vertical Attention paper's Table 2 with the model file's SIZE_DEFAULTS; "
-                       "'' = the model file's own defaults", choices=("", *SIZES))
+    size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model file's defaults",
+                       choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
-    tokenizer: str = option("", "the tokenizer the data set must have been prepared with (a preset names its "
-                            "paper's); '' = any")
+    tokenizer: str = option("", "the tokenizer the data set must be prepared with (a preset's); '' = any")
     init_from: str = option("", "a Hugging Face Llama or Qwen3 folder (config.json, safetensors): its architecture "
                             "and the weights of the shared components (hf/convert.py); '' = none; ignored with "
                             "--resume", path=True)
@@ -60,8 +53,8 @@ class TrainConfig:
     # optimisation
     max_iters: int = option(1000, "optimiser steps in all", min=0)
     batch_size: int = option(16, "sequences per micro-step per process", min=1)
-    gradient_accumulation_steps: int = option(None, "micro-steps per optimiser step, summed over all processes; "
-                                              "not given: one per process", min=1)
+    gradient_accumulation_steps: int = option(None, "micro-steps per optimiser step, all processes; default 1 each",
+                                              min=1)
     learning_rate: float = option(1e-3, "peak AdamW learning rate", above=0)
     weight_decay: float = option(0.1, "AdamW weight decay of matrices and embeddings", min=0)
     beta1: float = option(0.9, "AdamW beta1", min=0, below=1)
@@ -84,8 +77,7 @@ class TrainConfig:
     seed: int = option(1337, "initialisation, dropout and the order of the training windows", min=0, max=2**32 - 1)
     device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
-    compile: bool = option(None, "torch.compile the model; not given: on where a CUDA device trains (eager, a GPU "
-                           "step took 1.8x nanoGPT's compiled one), off on CPU and MPS")
+    compile: bool = option(None, "torch.compile the model; not given: on CUDA (eager took 1.8x), off on CPU and MPS")
     peak_flops: float = option(0.0, "the device's peak FLOP/s for MFU; 0 = look the GPU up in a table", min=0)
 
     def __post_init__(self):  # the rules across fields; each field's own are checked first (plumbing/config.py)
@@ -95,8 +87,7 @@ class TrainConfig:
 
 
 def parse_args(argv):
-    """(TrainConfig, model options as a dict, model module, names set explicitly), from defaults < preset files <
-    the command line; ConfigError on bad input."""
+    """(TrainConfig, model options as a dict, model module, names set explicitly): defaults < presets < argv."""
     cfg, model_args, module, explicit = parse_model_options(TrainConfig, argv, __doc__)
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.resume and "model" not in explicit and os.path.isfile(path):  # a resumed run is the checkpoint's model
@@ -110,12 +101,10 @@ def parse_args(argv):
     return cfg, model_args, module, explicit
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the data: random windows of block_size + 1 tokens from data/<dataset>/{train,val}.bin
+# ---- the data: random windows of block_size + 1 tokens from data/<dataset>/{train,val}.bin
 
 class Data:
-    """The prepared data set's two splits, memory-mapped once per run (the pages read are the file system's cache,
-    which the OS takes back when it needs them), and the batches read from them."""
+    """The prepared data set's two splits, memory-mapped once per run, and the batches read from them."""
 
     def __init__(self, splits):
         self.splits = splits  # {"train": memmap, "val": memmap}, checked (plumbing/files.py's open_split)
@@ -148,12 +137,10 @@ def train_offsets(n_tokens, T, seed, step, n_windows):
     return torch.randint(n_tokens - T - 1, (n_windows,), generator=g)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the optimiser and the learning-rate schedule
+# ---- the optimiser and the learning-rate schedule
 
 def make_optimizer(raw_model, cfg, device):
-    """AdamW over the model's own parameter groups: weight decay on matrices and embeddings only, and a group may
-    bring its own lr (vertical's scores). Fused (one kernel for every parameter) on CUDA."""
+    """AdamW over the model's own parameter groups (a group may bring its own lr: vertical's scores); fused on CUDA."""
     groups = raw_model.param_groups(cfg.weight_decay)
     for g in groups:
         g.setdefault("lr", cfg.learning_rate)
@@ -176,8 +163,7 @@ def lr_factor(it, cfg):
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - floor)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the processes: one, or one per GPU under torchrun, each with its own share of the micro-steps; DDP
+# ---- the processes: one, or one per GPU under torchrun, each with its own share of the micro-steps; DDP
 
 @dataclass
 class Process:
@@ -207,8 +193,8 @@ def this_process(cfg):
 
 
 def wrap(raw_model, cfg, proc):
-    """(the model to train, the model to evaluate): compiled where asked (not given: on CUDA), and the first under
-    DDP; evaluation bypasses DDP, since ranks may hold different numbers of validation windows."""
+    """(the model to train: compiled where asked, under DDP; the model to evaluate: not under DDP, whose ranks may
+    hold different numbers of validation windows)."""
     model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
         else raw_model
     if proc.world == 1:
@@ -217,8 +203,7 @@ def wrap(raw_model, cfg, proc):
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), model
 
 
-# ----------------------------------------------------------------------------------------------------------
-# one optimiser step, and evaluation
+# ---- one optimiser step, and evaluation
 
 def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
     """Step iter_num: accum micro-steps per process, starting from `batch`, gradients all-reduced on the last one;
@@ -248,53 +233,33 @@ def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, ba
     return step_loss, batch
 
 
-def val_offsets(data, cfg, T, proc):
-    """This rank's share of the fixed validation windows (eval_iters * batch_size of them, the same every call)."""
-    n_val = len(data.splits["val"])
-    g = torch.Generator().manual_seed(0)  # the same windows at every evaluation
-    offsets = torch.randint(n_val - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=g)
-    return offsets[proc.rank::proc.world]
-
-
 @torch.no_grad()
-def evaluate(model, data, cfg, T, proc):
-    """Mean loss on the validation windows, shared out across ranks."""
-    B, mine = cfg.batch_size, val_offsets(data, cfg, T, proc)
+def evaluate(model, raw_model, data, cfg, T, proc):
+    """(mean loss on the fixed validation windows, shared out across ranks; the model file's stats() on this rank's
+    first validation batch, e.g. a map's entropy or gate sparsity, or {}); collective under DDP."""
+    g = torch.Generator().manual_seed(0)  # the same windows at every evaluation
+    mine = torch.randint(len(data.splits["val"]) - T - 1, (cfg.eval_iters * cfg.batch_size,), generator=g)
+    mine, B = mine[proc.rank::proc.world], cfg.batch_size
     model.eval()
-    total = torch.zeros(2, device=proc.device)  # loss summed over windows, number of windows
+    total, stats = torch.zeros(2, device=proc.device), {}  # loss summed over windows, number of windows
     for i in range(0, len(mine), B):
         x, y = data.batch("val", mine[i:i + B], T, proc.device)
         with proc.ctx:
             _, loss = model(x, y)
+            if i == 0 and hasattr(raw_model, "stats"):
+                stats = raw_model.stats(x)
         total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=proc.device)])
     if proc.world > 1:
         torch.distributed.all_reduce(total)
     model.train()
-    return (total[0] / total[1]).item()
+    return (total[0] / total[1]).item(), stats
 
 
-@torch.no_grad()
-def model_stats(raw_model, data, cfg, T, proc):
-    """What the model file reports of itself (stats(): a map's entropy, gate sparsity), computed on this rank's
-    first validation batch in eval mode; collective under DDP. {} for a model file without stats()."""
-    if not hasattr(raw_model, "stats"):
-        return {}
-    x, _ = data.batch("val", val_offsets(data, cfg, T, proc)[:cfg.batch_size], T, proc.device)
-    raw_model.eval()
-    with proc.ctx:
-        stats = raw_model.stats(x)
-    raw_model.train()
-    return stats
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the log: log.jsonl (append-only), the progress bar, wandb
+# ---- the log: log.jsonl (append-only), the progress bar, wandb
 
 class Log:
-    """log.jsonl and the console (plumbing/console.py: the progress bar, wandb); tokens/s and MFU over the training
-    time since the last record, and the tokens seen since the run began (every record holds them). The clock runs
-    from start_clock() to stop_clock() or the next train_record(), each of which waits for the device: the time
-    includes the GPU's queued work, and the device is synchronised only there."""
+    """log.jsonl and the console (plumbing/console.py); tokens/s and MFU over the training time since the last
+    record (the clock waits for the device only where it starts and stops), and the tokens seen."""
 
     def __init__(self, cfg, model_args, raw_model, proc, start, tokens_seen):
         T = model_args["block_size"]
@@ -305,6 +270,7 @@ class Log:
         self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
         self.seconds, self.tokens, self.t0, self.tokens_seen = 0.0, 0, None, tokens_seen
         header = (f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
+                  f"{f'resumes at step {start:,} | ' if cfg.resume else ''}"
                   f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
                   f"{proc.device} {proc.dtype}")
         self.console = Console(cfg.max_iters, start, self.master, header, {**dataclasses.asdict(cfg), **model_args}
@@ -343,26 +309,16 @@ class Log:
         self.console.close()
 
 
-# ----------------------------------------------------------------------------------------------------------
-# what the run trains: a new run's model, and what a resumed run keeps (each checked in plumbing/checks.py first)
-
-def new_model_args(cfg, module, model_args, explicit, meta):
-    """A new run's model: the architecture of the --init_from folder, else the options with the data's vocabulary."""
-    if cfg.init_from:  # its config.json sets the architecture, its tokenizer the vocabulary (hf/convert.py)
-        model_args = convert.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
-    elif "vocab_size" not in explicit:  # every token id of the data set, as its meta.json says
-        model_args = {**model_args, "vocab_size": meta["vocab_size"]}
-    return model_args
-
+# ---- what a resumed run keeps (checked in plumbing/checks.py first)
 
 def resumed(cfg, proc, explicit, ckpt, T):
-    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one: what it keeps, with a note
-    where the options would change that, and a note of what the options change."""
+    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one, with a note of what it keeps
+    against its options and of what its options change."""
     saved, run, step = ckpt.get("train_config") or {}, ckpt.get("run") or {}, ckpt["iter_num"]
     # the schedule's horizon once its cosine has begun: with --lr_decay_iters 0 it would follow a new --max_iters,
     # and the decayed learning rate would jump (a run saved in its warm-up takes the new one: it did not decay yet)
-    horizon = saved.get("lr_decay_iters") or saved.get("max_iters")
-    if (cfg.decay_lr and saved.get("decay_lr", True) and "lr_decay_iters" not in explicit and type(horizon) is int
+    horizon = saved.get("lr_decay_iters") or saved.get("max_iters")  # (train_config holds to TrainConfig's rules)
+    if (cfg.decay_lr and saved.get("decay_lr", True) and "lr_decay_iters" not in explicit and horizon
             and horizon != (cfg.lr_decay_iters or cfg.max_iters) and step > cfg.warmup_iters):
         cfg = dataclasses.replace(cfg, lr_decay_iters=horizon)  # which the next checkpoint saves again
         note(f"the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as saved, not "
@@ -371,7 +327,7 @@ def resumed(cfg, proc, explicit, ckpt, T):
     # the global batch it was saved with, shared by this run's processes, so that it reads the windows the
     # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
     accum, steps = proc.accum, run.get("gradient_accumulation_steps")
-    if not cfg.gradient_accumulation_steps and isinstance(steps, int) and steps != proc.world * accum:
+    if not cfg.gradient_accumulation_steps and steps and steps != proc.world * accum:
         if steps % proc.world:
             raise ConfigError(f"the run was saved with {steps} micro-steps per optimiser step, which {proc.world} "
                               f"processes cannot share; resume it on a number of processes that divides {steps}, or "
@@ -397,8 +353,7 @@ def next_steps(cfg, step, val_loss):
             "train on, run the same command with --resume and a larger --max_iters")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the checkpoint, and resume
+# ---- the checkpoint, and resume
 
 def rng_states(device, world):
     """Every rank's random number generator states, gathered on every rank (a collective under DDP): dropout
@@ -427,9 +382,8 @@ def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, p
 def restore(raw_model, optimizer, ckpt, cfg, proc):
     """A resumed run's weights, optimiser state and this rank's random state (a run saved with another number of
     processes cannot be continued exactly, and takes the states it has in turn), checked by torch as they load."""
-    with handling(os.path.join(cfg.out_dir, "ckpt.pt"), "its weights, optimiser state or random states do not "
-                  "fit this run (damaged, or saved by another version of the model file); restore it from a copy, or start "
-                  "a new run in another --out_dir"):
+    fix = "its weights, optimiser state or random states do not fit this run; restore it from a copy, or train anew"
+    with handling(os.path.join(cfg.out_dir, "ckpt.pt"), fix):
         raw_model.load_state_dict(ckpt["model"])
         base_lrs = [g["base_lr"] for g in optimizer.param_groups]
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -444,8 +398,7 @@ def restore(raw_model, optimizer, ckpt, cfg, proc):
         g["base_lr"] = base  # a resumed run follows this run's learning-rate options
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the run: every check and the decisions above, then the loop, which Ctrl-C and SIGTERM stop between two steps
+# ---- the run: every check and decision, then the loop, which Ctrl-C and SIGTERM stop between two steps
 
 def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
@@ -469,12 +422,16 @@ def prepare(cfg, model_args, module, explicit, proc):
     checks.check_run(cfg)
     if cfg.resume:  # the run saved in out_dir, checked against this command's options and data
         ckpt = checks.read_resume(cfg, model_args, explicit, meta)
-        model_args = dataclasses.asdict(check_model_args(module, ckpt["model_args"], f"the model_args of {cfg.out_dir}"))
+        saved = check_model_args(module, ckpt["model_args"], f"the model_args of {cfg.out_dir}")
+        model_args = dataclasses.asdict(saved)
         # (the architecture is the checkpoint's)
         cfg, proc.accum, tokens_seen = resumed(cfg, proc, explicit, ckpt, model_args["block_size"])
     else:
         ckpt, tokens_seen = None, 0
-        model_args = new_model_args(cfg, module, model_args, explicit, meta)
+        if cfg.init_from:  # its config.json sets the architecture, its tokenizer the vocabulary (hf/convert.py)
+            model_args = convert.init_args(cfg.init_from, module, dict(model_args), explicit, meta)
+        elif "vocab_size" not in explicit:  # every token id of the data set, as its meta.json says
+            model_args = {**model_args, "vocab_size": meta["vocab_size"]}
         if cfg.size and meta["tokenizer"] == "byte":  # Table 2's counts hold the paper's embedding, not 257 rows
             note(f"--size {cfg.size} on byte-level data: the shape is the paper's, its parameter count is not (the "
                  "paper's count holds a vocabulary of 32,000 or more)")
@@ -509,9 +466,9 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
 
     # ---- the run: from here on it may write to out_dir
     if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:  # a short run: its schedule never reaches the cosine
-        note(f"--max_iters {cfg.max_iters} ends within the warm-up of {cfg.warmup_iters} steps: the learning rate rises "
-             f"to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower --warmup_iters "
-             "for a run that does")
+        note(f"--max_iters {cfg.max_iters} ends within the warm-up of {cfg.warmup_iters} steps: the learning rate "
+             f"rises to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower "
+             "--warmup_iters for a run that does")
     if proc.rank == 0:
         checks.settle_log(cfg.out_dir, saved_step)  # log.jsonl: the records up to the resumed step
     model, eval_model = wrap(raw_model, cfg, proc)
@@ -524,12 +481,11 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
             # ---- evaluate and checkpoint once in a while (a resumed run has both for its first step already)
             if (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != saved_step:
                 log.stop_clock()  # evaluation is not training time
-                val_loss = evaluate(eval_model, data, cfg, T, proc)
+                val_loss, stats = evaluate(eval_model, raw_model, data, cfg, T, proc)
                 if not math.isfinite(val_loss):
                     raise diverged("validation loss", val_loss, iter_num, cfg, model_args, explicit, saved_step,
                                    proc.dtype)
                 best_val = min(best_val, val_loss)
-                stats = model_stats(raw_model, data, cfg, T, proc)  # collective under DDP
                 log.write({"iter": iter_num, "val_loss": val_loss, "tokens": log.tokens_seen, **stats}, show=True)
                 save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc)
                 saved_step = iter_num

@@ -11,6 +11,7 @@
 # one pass over a 20B-token subset): python prepare.py --dataset fineweb-edu --tokenizer gpt2 --max_tokens 0
 size = "50m"  # the shape above, and the model file's SIZE_DEFAULTS
 dataset = "fineweb-edu"
+tokenizer = "gpt2"  # the data set must be prepared with it (train.py refuses another)
 block_size = 4096
 batch_size = 8
 gradient_accumulation_steps = 32

@@ -13,6 +13,7 @@
 # weight decay here skips norms and biases (the script decays every parameter).
 # Prepare the data first: python prepare.py --dataset fineweb-edu --tokenizer gpt2 --max_tokens 0
 dataset = "fineweb-edu"
+tokenizer = "gpt2"  # the data set must be prepared with it (train.py refuses another)
 n_embd = 512
 ffn_hidden = 1536
 n_head = 8

@@ -12,6 +12,7 @@
 # controller off. Global batch = batch_size x gradient_accumulation_steps, shared among the processes.
 # Prepare the data first: python prepare.py --dataset fineweb --tokenizer gpt2 --max_tokens 0
 dataset = "fineweb"
+tokenizer = "gpt2"  # the data set must be prepared with it (train.py refuses another)
 n_embd = 768
 ffn_hidden = 3072
 n_head = 12

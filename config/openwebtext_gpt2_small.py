@@ -12,6 +12,7 @@
 # Prepare the data first (a validation set of about 4M tokens, as the paper's):
 #   python prepare.py --dataset openwebtext --tokenizer gpt2 --max_tokens 0 --val_fraction 0.0005
 dataset = "openwebtext"
+tokenizer = "gpt2"  # the data set must be prepared with it (train.py refuses another)
 n_embd = 768
 ffn_hidden = 3072
 n_head = 12

@@ -1,69 +1,52 @@
 """
-Plumbing a learner may skip: the readers and writers of every file the scripts use. A file is checked like an input
-before it is opened (regular_file: a FIFO, a socket or a device is never opened, since opening one can wait forever)
-and read whole before it is trusted: a file of text at most FILE_BYTES, JSON strict and at most JSON_DEPTH deep, its
-fields held to the declarations below (plumbing/config.py's one validator), train.py's checkpoint through torch.load
-with weights_only. A file is written whole or not at all (written). What the system or a library raises on the way
-is the boundary's to say (plumbing/errors.py).
+Plumbing a learner may skip: the readers and writers of the scripts' files. A file is opened only once it is a regular
+file (opening a FIFO can wait forever), read whole and bounded (JSON strict, at most JSON_DEPTH deep), its fields held
+to their declarations below (plumbing/config.py), and written whole or not at all; the rest is the boundary's.
 """
 import contextlib
 import dataclasses
 import difflib
 import glob
 import json
-import math
 import os
 import pickle
 import re
 import shlex
 import stat
-import sys
 
 import numpy as np
 import torch
 
-if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/files.py is a library module (the readers and writers of every file the scripts use); run a "
-             "script, e.g. `python train.py --help`")
-
 from plumbing.config import check_record, option
 from plumbing.errors import ConfigError, arg, handling, printable, script_command
 
+FILE_BYTES = 256 << 20  # the most bytes a script reads whole: a file of text, JSON or a preset (the rest is mapped)
+JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
+
 
 def regular_file(path, what, fix, output=False):
-    """path, once it is a regular file (or a link to one), or, for a file a script writes (output), nothing yet;
-    else ConfigError naming what it is and the fix."""
+    """path, once it is a regular file (or, for a file a script writes, nothing yet); else ConfigError with fix."""
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        if output:  # nothing there yet (or a link to nothing, which writing makes)
-            return path
-        raise ConfigError(f"{what} {printable(path)} does not exist; {fix}")
+    except FileNotFoundError:  # nothing there yet (or a link to nothing), which writing makes
+        mode = stat.S_IFREG if output else 0
     if not stat.S_ISREG(mode):
-        kind = "a folder, not a file" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, a socket or a device)"
-        raise ConfigError(f"{what} {printable(path)} is {kind}{', where a file is written' if output else ''}; {fix}")
+        kind = ("does not exist" if not mode else "is a folder, not a file" if stat.S_ISDIR(mode) else
+                "is not a regular file (a FIFO, a socket or a device)")
+        raise ConfigError(f"{what} {printable(path)} {kind}{', where a file is written' if output else ''}; {fix}")
     return path
 
 
 def output_file(path, what, fix):
-    """path, after checking that a script can write a file there (regular_file of an output)."""
     return regular_file(path, what, fix, output=True)
 
 
 @contextlib.contextmanager
 def written(path, mode="w"):
-    """A file object whose content replaces path, whole or not at all, when the block ends without an error: a
-    temporary file beside path, created anew (O_EXCL: nothing in the way is opened, so nothing waits), then renamed
-    over path. Every writer of a whole file writes through here."""
+    """A file whose content replaces path, whole or not at all: a temporary file beside it, renamed at the end."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    if os.path.isfile(tmp) and not os.path.islink(tmp):
-        os.remove(tmp)  # left by a killed process of the same id
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        raise ConfigError(f"cannot write {printable(path)}: {printable(tmp)} is in the way; move it away")
-    try:
-        with os.fdopen(fd, mode) as f:
+        with open(tmp, mode.replace("w", "x")) as f:  # x: made anew (O_EXCL), so nothing in the way is opened
             yield f
         os.replace(tmp, path)
     finally:
@@ -71,15 +54,9 @@ def written(path, mode="w"):
             os.remove(tmp)
 
 
-# the most bytes a script reads whole: a file of text, JSON or a preset (the token splits and the weights are mapped)
-FILE_BYTES = 256 << 20
-JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
-
-
 def read_text(path, what, fix, limit=FILE_BYTES):
-    """The UTF-8 text of the regular file at path, of at most limit bytes; ConfigError naming what it is and fix."""
-    regular_file(path, what, fix)
-    if os.path.getsize(path) > limit:
+    """The UTF-8 text of the regular file at path, of at most limit bytes; else ConfigError naming what and fix."""
+    if os.path.getsize(regular_file(path, what, fix)) > limit:
         raise ConfigError(f"{what} {printable(path)} holds {os.path.getsize(path):,} bytes, more than the {limit:,} "
                           f"such a file may; {fix}")
     with open(path, "rb") as f:
@@ -96,24 +73,22 @@ def _not_json(name):
 
 
 def parse_json(text):
-    """json.loads, refusing NaN and Infinity (Python's json takes them; JSON has no such numbers) and a value nested
-    more than JSON_DEPTH deep (the parser recurses into it: deep enough, a RecursionError); ValueError says which."""
+    """json.loads, strict (no NaN or Infinity) and bounded: at most JSON_DEPTH deep (readers recurse into it)."""
+    deep = ValueError(f"nested more than {JSON_DEPTH} deep")
     try:
         value = json.loads(text, parse_constant=_not_json)
-    except RecursionError:
-        raise ValueError(f"nested more than {JSON_DEPTH} deep")
-    level, items = 0, [value]
-    while items:  # breadth first, a level at a time: no recursion
-        level, items = level + 1, [v for item in items for v in (item.values() if isinstance(item, dict) else
-                                                                  item if isinstance(item, list) else ())]
-        if level > JSON_DEPTH:
-            raise ValueError(f"nested more than {JSON_DEPTH} deep")
+    except RecursionError:  # far deeper: the parser itself recursed
+        raise deep from None
+    items = [value]
+    for _ in range(JSON_DEPTH):  # a level at a time: no recursion
+        items = [v for i in items for v in (i.values() if isinstance(i, dict) else i if isinstance(i, list) else ())]
+    if items:
+        raise deep
     return value
 
 
 def read_json(path, what, fix, record=None):
-    """The JSON value in the file at path, held to record (a dataclass of its fields) where one is given;
-    ConfigError for every way it can be wrong, naming where."""
+    """The JSON value of the file at path, held to record (a dataclass of its fields) where one is given."""
     text = read_text(path, what, fix)
     with handling(path, fix):
         value = parse_json(text)
@@ -121,37 +96,24 @@ def read_json(path, what, fix, record=None):
 
 
 def read_object(path, what, fix):
-    """The JSON object in the file at path (read_json()); ConfigError if the file holds another value."""
+    """The JSON object of the file at path; ConfigError for any other value."""
     value = read_json(path, what, fix)
     if not isinstance(value, dict):
         raise ConfigError(f"{what} {printable(path)} is not a JSON object; {fix}")
     return value
 
 
-def json_safe(value):
-    """value with every float that is not finite replaced by None, in dicts, lists and tuples too."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    return [json_safe(v) for v in value] if isinstance(value, (list, tuple)) else value
+def to_json(value, **kwargs):
+    """Strict JSON, which every tool reads: a number that is not finite is written as null."""
+    return json.dumps(json.loads(json.dumps(value), parse_constant=lambda name: None), allow_nan=False, **kwargs)
 
 
 def has_nonfinite(value):
-    """Whether value holds a float that is not finite (which to_json() writes as null)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-    return any(has_nonfinite(v) for v in items)
-
-
-def to_json(value, **kwargs):
-    """Strict JSON, which every tool reads: a value that is not finite becomes null (json_safe())."""
-    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+    """Whether value holds a number that is not finite (which to_json() writes as null)."""
+    return to_json(value) != json.dumps(value)
 
 
 def write_json(path, value):
-    """value as strict JSON at path, whole or not at all (written())."""
     with written(path) as f:
         f.write(to_json(value, indent=1))
 
@@ -159,9 +121,7 @@ def write_json(path, value):
 # ---- data sets: data/<name>/{train,val}.bin and meta.json (prepare.py)
 
 REDO = "run prepare.py again to remake the data set"
-
-# the data sets prepare.py makes by name (its --dataset, and what a hint names): the offline one, and those streamed
-# from the Hugging Face hub, as name -> (hub repo, config, the tokenizer its papers use); all are parquet shards
+# the data sets prepare.py makes by name: the offline one, and those it streams from the hub (repo, config)
 WEB_DATASETS = {
     "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),  # the Vertical Attention paper (and Open AttnRes)
     "fineweb": ("HuggingFaceFW/fineweb", "sample-10BT"),  # the skip-middle paper
@@ -187,9 +147,7 @@ class Meta:
 
 
 def prepare_hint(data_dir, dataset, options=""):
-    """What to run for a data set that is not prepared: the command that makes it where prepare.py knows its name
-    (with options, the ones a preset needs), else the nearest name (a typo) prepare.py knows or data_dir holds, else
-    how to make one of your own files."""
+    """What to run for a data set that is not prepared: the command that makes it or puts it back, or a near name."""
     out = "" if os.path.normpath(data_dir) == "data" else f" {arg('out_dir', data_dir)}"
     if dataset in DATASETS:
         return f"run `python prepare.py --dataset {dataset}{options}{out}` first"
@@ -215,22 +173,18 @@ def prepare_hint(data_dir, dataset, options=""):
 def read_meta(data_dir, dataset, options=""):
     """meta.json of a prepared data set, checked; ConfigError names the fix (with options: prepare_hint's)."""
     folder = os.path.join(data_dir, dataset)
-    meta_path = os.path.join(folder, "meta.json")
-    if not (os.path.exists(meta_path) and os.path.exists(os.path.join(folder, "train.bin"))):
+    if not all(os.path.exists(os.path.join(folder, f)) for f in ("meta.json", "train.bin")):
         raise ConfigError(f"no prepared data in {printable(folder)} (--data_dir {printable(data_dir)}, --dataset "
                           f"{printable(dataset)}); " + prepare_hint(data_dir, dataset, options))
-    return read_json(meta_path, "the data set's meta.json", REDO, Meta)
+    return read_json(os.path.join(folder, "meta.json"), "the data set's meta.json", REDO, Meta)
 
 
 def open_split(data_dir, dataset, split, meta, vocab_size, block_size=0):
-    """split.bin as a read-only memmap of meta's dtype, once it is a whole regular file that matches meta.json,
-    holds only ids below vocab_size, the model's (read whole where it is small, else 64 stretches spread over it),
-    and is long enough for a window of block_size + 1 tokens. Every reader of a split opens it here."""
+    """split.bin, memory-mapped once it is whole, holds a window of block_size + 1 tokens, and ids < vocab_size."""
     path = os.path.join(data_dir, dataset, f"{split}.bin")
-    regular_file(path, f"the {split} split", REDO)
-    size, itemsize = os.path.getsize(path), np.dtype(meta["dtype"]).itemsize
-    n = size // itemsize
-    if size % itemsize or meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
+    size, dtype = os.path.getsize(regular_file(path, f"the {split} split", REDO)), np.dtype(meta["dtype"])
+    n = size // dtype.itemsize
+    if size % dtype.itemsize or meta.get(f"{split}_tokens", n) != n:  # a wrong dtype in meta.json shows here too
         raise ConfigError(f"{printable(path)} holds {size} bytes, not the {meta.get(f'{split}_tokens', '?')} "
                           f"{meta['dtype']} tokens meta.json says: it is cut short or meta.json is wrong; {REDO}")
     if n < block_size + 2:  # a window reads T + 1 tokens, drawn from at least 1 offset
@@ -238,9 +192,9 @@ def open_split(data_dir, dataset, split, meta, vocab_size, block_size=0):
                "prepare more text (prepare.py --val_fraction sets the validation split's share)")
         raise ConfigError(f"the {split} split of {printable(dataset)} holds {n} tokens, too few for --block_size "
                           f"{block_size}; {fix}")
-    data = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r") if n else np.zeros(0, np.uint16)
-    stretch = max(1, min(n, 1 << 24) // 64)  # all of a small split, else 64 evenly spread stretches
-    top = max((int(data[i:i + stretch].max()) for i in range(0, n, max(stretch, n // 64))), default=0)
+    data = np.memmap(path, dtype=dtype, mode="r")
+    stretch = max(1, min(n, 1 << 24) // 64)  # all of a small split, else 64 stretches spread over it
+    top = max(int(data[i:i + stretch].max()) for i in range(0, n, max(stretch, n // 64)))
     if top >= vocab_size:
         raise ConfigError(f"{printable(path)} holds token id {top} but the model's vocab_size is {vocab_size} "
                           f"(meta.json: {meta['vocab_size']}); {REDO}")
@@ -249,38 +203,30 @@ def open_split(data_dir, dataset, split, meta, vocab_size, block_size=0):
 
 @dataclasses.dataclass
 class LogRecord:
-    """A record of a run's log.jsonl (train.py's Log): a step, and the numbers of that step."""
+    """The fields of a record of a run's log.jsonl (train.py's Log) that the scripts read."""
     iter: int = option(None, "the step", min=0, required=True)
     tokens: int = option(None, "tokens seen", min=0)
     loss: float = option(None, "the training loss")
     val_loss: float = option(None, "the validation loss")
-    lr: float = option(None, "the learning rate", min=0)
-    tok_per_s: float = option(None, "tokens per second", min=0)
-    mfu: float = option(None, "model FLOPs utilisation", min=0)
 
 
 # ---- train.py's checkpoint: out_dir/ckpt.pt
 
 @dataclasses.dataclass
 class Checkpoint:
-    """The fields of train.py's ckpt.pt the scripts read; model_args are held to the model file's GPTConfig and the
-    weights to its model by load_state_dict, the optimiser state by AdamW's, when they are loaded."""
+    """The fields of ckpt.pt the scripts read: meta, train_config and run are held to Meta, TrainedOn and RunShape,
+    the weights, the optimiser and random states by torch as they load."""
     model_name: str = option(None, "model_<model_name>.py", required=True)
     model_args: dict = option(None, "its GPTConfig's fields", required=True)
     model: dict = option(None, "the state_dict", required=True)
-    train_config: dict = option(None, "train.py's options (TrainedOn: those other scripts read)")
-    run: dict = option(None, "the run's processes and batch (RunShape)")
-    optimizer: dict = option(None, "AdamW's state_dict")
     iter_num: int = option(None, "the step", min=0)
     tokens_seen: int = option(None, "tokens trained on", min=0)
     best_val_loss: float = option(None, "the best validation loss")
-    meta: dict = option(None, "the data set's meta.json (Meta)")
-    rng: dict = option(None, "every rank's random states")
 
 
 @dataclasses.dataclass
 class TrainedOn:
-    """The options of train_config that scripts other than train.py read (train.py holds it to all of its own)."""
+    """The options of train_config that scripts other than train.py read."""
     data_dir: str = option(None, "", path=True)
     dataset: str = option(None, "")
     init_from: str = option(None, "", path=True)
@@ -288,12 +234,9 @@ class TrainedOn:
 
 @dataclasses.dataclass
 class RunShape:
-    """A checkpoint's run: the processes and the batch it trained with (train.py's Log.run)."""
-    world: int = option(None, "processes", min=1, required=True)
+    """The fields of a checkpoint's run (train.py's Log.run) that a resumed run and the curves read: its batch."""
     gradient_accumulation_steps: int = option(None, "micro-steps per optimiser step", min=1, required=True)
     tokens_per_step: int = option(None, "tokens per optimiser step", min=1)
-    device: str = option(None, "")
-    dtype: str = option(None, "")
 
 
 def checkpoint_path(out_dir):
@@ -306,8 +249,7 @@ def checkpoint_path(out_dir):
 
 
 def missing_run_hint(folder):
-    """What to do where --out_dir holds no checkpoint: use a run that exists nearby (in the folder, or in out/, where
-    the README trains them), or train one there where that is sensible (a folder not there yet, or empty)."""
+    """What to do where --out_dir holds no checkpoint: a run in it or in out/, or train one where that makes sense."""
     runs = sorted({f for d in (folder, "out") for f in [d, *glob.glob(os.path.join(glob.escape(d), "*"))]
                    if os.path.isfile(os.path.join(f, "ckpt.pt"))})
     if runs:
@@ -320,9 +262,7 @@ def missing_run_hint(folder):
 
 
 def read_checkpoint(path, keys=(), mmap=False):
-    """The dict train.py saved at path, read with weights_only (tensors and plain containers: unpickling runs no
-    code), its fields held to Checkpoint (and keys, the fields the reader needs, present); ConfigError for a
-    missing, damaged, foreign or unsafe file."""
+    """The dict train.py saved at path, read with weights_only (it runs no code), with keys, held to Checkpoint."""
     fix = "restore it from a copy, or train again"
     try:
         os.stat(path)  # (any other OSError, a link that loops, is the boundary's to say)
@@ -332,21 +272,19 @@ def read_checkpoint(path, keys=(), mmap=False):
             f"run folder{' (perhaps ' + arg('out_dir', folder) + ', which holds ckpt.pt)' if os.path.isfile(os.path.join(folder, 'ckpt.pt')) else ''}"
         raise ConfigError(f"no checkpoint at {printable(path)}; {hint}")
     regular_file(path, "the checkpoint", "pass a run folder that holds train.py's ckpt.pt")
-    try:
-        with handling(path, f"the file is truncated, empty or not a checkpoint; {fix}"):
+    with handling(path, f"the file is truncated, empty or not a checkpoint; {fix}"):
+        try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except ConfigError as e:
-        if not isinstance(e.__cause__, pickle.UnpicklingError) or "Weights only load failed" not in str(e.__cause__):
+        except pickle.UnpicklingError as e:  # weights_only refused a global; handling() says what any other means
+            found = re.search(r"GLOBAL (\S+)", str(e))
+            if found:
+                raise ConfigError(f"the checkpoint {printable(path)} holds {found.group(1)}: unpickling it could run "
+                                  "code, so it was not loaded; use one that train.py wrote, from a source you trust")
             raise
-        found = re.search(r"GLOBAL (\S+)", str(e.__cause__))
-        raise ConfigError(f"the checkpoint {printable(path)} holds {found.group(1) if found else 'an object'}, not "
-                          "only tensors and plain containers: unpickling it could run code, so it was not loaded; use "
-                          "a checkpoint written by train.py, from a source you trust")
     if not isinstance(ckpt, dict) or "model_name" not in ckpt:
         bare = isinstance(ckpt, dict) and ckpt and all(torch.is_tensor(v) for v in ckpt.values())
         raise ConfigError(f"{printable(path)} is not a checkpoint of train.py: it has no model_name"
-                          f"{' (it is a bare state_dict)' if bare else ''}; train.py saves the model name, both "
-                          "configs and the weights together")
+                          f"{' (it is a bare state_dict)' if bare else ''}; pass a run folder that train.py wrote")
     check_record(Checkpoint, ckpt, path, fix)
     for name, record in (("meta", Meta), ("train_config", TrainedOn), ("run", RunShape)):
         if ckpt.get(name) is not None:
@@ -358,8 +296,7 @@ def read_checkpoint(path, keys=(), mmap=False):
 
 
 def save_checkpoint(path, ckpt):
-    """Whole or not at all (written()): a crash or a full disk mid-write never leaves a half-written ckpt.pt; what
-    the system says on the way is the boundary's (train.py's stopped() says what is kept)."""
+    """Whole or not at all (written()): a crash or a full disk mid-write never leaves half a ckpt.pt."""
     with written(path, "wb") as f:
         try:
             torch.save(ckpt, f)
@@ -367,4 +304,4 @@ def save_checkpoint(path, ckpt):
             failed = e if isinstance(e, OSError) else e.__context__
             if not isinstance(failed, OSError):
                 raise
-            raise OSError(failed.errno, failed.strerror, path) from e
+            raise OSError(failed.errno, failed.strerror, path) from e  # the boundary's line names the checkpoint

@@ -140,3 +140,48 @@ def test_figures_mark_their_points_and_say_each_run_s_steps(data, tmp_path, caps
                 "logit_lens": [{"layer": 1, "loss": 1.0, "p_correct": 0.5}]} for s in (4, 8)]
     fig = evalpy.plot_logit_lens(import_pyplot(), results, str(tmp_path / "lens2.png"))
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["vanilla (run4), step 4", "vanilla (run8), step 8"]
+
+
+def test_a_preset_names_its_tokenizer_and_refuses_data_of_another(data, tmp_path, capsys):
+    """A preset of a web data set: its prepare hint carries the tokenizer the preset needs, and data of that name
+    made with another tokenizer is refused before anything is written, with the command that makes the right one."""
+    empty = tmp_path / "data"
+    code, _, err = run_script("train.py", ["config/fineweb_edu_50m.py", "--data_dir", empty,
+                                           "--out_dir", tmp_path / "run"], capsys)
+    assert_one_error_line(code, err, "--tokenizer gpt2")
+    shutil.copytree(os.path.join(data, "shakespeare"), empty / "fineweb-edu")  # byte-level data under that name
+    code, _, err = run_script("train.py", ["config/fineweb_edu_50m.py", "--data_dir", empty,
+                                           "--out_dir", tmp_path / "run"], capsys)
+    assert_one_error_line(code, err, "prepared with the byte tokenizer")
+    assert hint(err).startswith("python prepare.py --dataset fineweb-edu --tokenizer gpt2")
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_resume_takes_the_checkpoint_s_model_and_says_it_resumes(data, tmp_path, capsys):
+    """--resume without --model continues the model the checkpoint names, and its header says from which step; an
+    explicit other --model is still refused."""
+    run = tmp_path / "run"
+    train.main(["--model=vertical", "--data_dir", str(data), "--out_dir", str(run), "--max_iters=2",
+                "--eval_interval=2", *TINY])
+    code, out, err = run_script("train.py", ["--resume", "--data_dir", data, "--out_dir", run, "--max_iters=3",
+                                             *TINY], capsys)
+    assert code in (0, None), err
+    assert out.startswith("model_vertical.py: ") and "resumes at step 2 |" in out.splitlines()[0], out
+    code, _, err = run_script("train.py", ["--resume", "--model=vanilla", "--data_dir", data, "--out_dir", run,
+                                           "--max_iters=4", *TINY], capsys)
+    assert_one_error_line(code, err, "trained with --model vertical, not vanilla")
+
+
+def test_what_a_short_or_sized_run_says_at_its_start(data, tmp_path, capsys):
+    """--max_iters 0 trains no step, so no warm-up note (it named a negative rate); the rate a short run names is the
+    one its last step reaches; --size on byte-level data says the paper's count assumes its tokenizer."""
+    code, _, err = run_script("train.py", ["--data_dir", data, "--out_dir", tmp_path / "zero", "--max_iters=0",
+                                           *TINY], capsys)
+    assert code in (0, None) and "warm-up" not in err, err
+    code, _, err = run_script("train.py", ["--data_dir", data, "--out_dir", tmp_path / "short", "--max_iters=3",
+                                           "--eval_interval=3", "--learning_rate=1e-3", *TINY], capsys)
+    assert code in (0, None) and f"rises to {1e-3 * 2 / 100:.3g} and never decays" in err, err
+    code, _, err = run_script("train.py", ["--data_dir", data, "--out_dir", tmp_path / "sized", "--size=50m",
+                                           "--max_iters=0", "--block_size=32", "--batch_size=2", "--eval_iters=1",
+                                           "--device=cpu"], capsys)
+    assert code in (0, None) and "--size 50m on byte-level data" in err, err

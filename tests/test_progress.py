@@ -3,6 +3,7 @@ no bar and no carriage returns, every periodic record a line of its own."""
 import fcntl
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -14,9 +15,9 @@ TINY = ["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidd
         "--batch_size=2", "--eval_iters=1", "--max_iters=4", "--eval_interval=2", "--log_interval=1", "--device=cpu"]
 
 
-def train(data_dir, out_dir, stderr):
+def train(data_dir, out_dir, stderr, stdout=subprocess.PIPE):
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", data_dir, "--out_dir",
-                           str(out_dir), *TINY], cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, timeout=300,
+                           str(out_dir), *TINY], cwd=ROOT, stdout=stdout, stderr=stderr, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -55,6 +56,31 @@ def test_a_terminal_gets_the_bar(data_dir, tmp_path):
     assert b"\r" in err and b"4/4" in err
     assert not any(line.startswith("iter 1 | loss ") for line in out.splitlines()), out
     assert sum("val_loss" in line for line in out.splitlines()) == 3, out
+
+
+def test_on_a_terminal_the_closing_line_comes_after_the_bar(data_dir, tmp_path):
+    """stdout and stderr on one terminal, as a learner runs it: the `done:` line is the last thing drawn, on a line
+    of its own, not into the bar, which is not drawn again below it."""
+    main, other = pty.openpty()
+    fcntl.ioctl(other, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        proc = train(data_dir, tmp_path / "run", other, other)
+        os.close(other)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(main)
+    assert proc.returncode == 0, seen
+    before, done, after = seen.decode().rpartition("done: ")
+    redrawn = re.search("\r(?!\n)", after)  # a carriage return of the bar (a terminal ends each line with \r\n)
+    assert done and not redrawn and "4/4" in before and before.endswith("\n"), seen
 
 
 def test_prepare_and_eval_write_no_carriage_returns_to_a_log_file(data_dir, tmp_path):

@@ -160,14 +160,15 @@ def test_model_on_the_command_line_overrides_a_recipes_model(tmp_path):
 
 
 def test_a_recipe_trains_through_train_py(data_dir, tmp_path):
-    """The Vertical Attention paper's 50m recipe with skiplayer, shortened to one step on Shakespeare: its shape
-    and the model file's size defaults reach the checkpoint."""
+    """The Vertical Attention paper's 50m recipe with skiplayer, shortened to one step on Shakespeare (byte-level
+    data: --tokenizer '' lifts the preset's gpt2): its shape and the model file's size defaults reach the checkpoint."""
     out, threads = str(tmp_path / "run"), torch.get_num_threads()
     torch.set_num_threads(1)  # a model this small runs faster on one thread than on several fighting over it
     try:
         train.main([os.path.join(ROOT, "config", "fineweb_edu_50m.py"), "--model", "skiplayer", "--dataset",
-                    "shakespeare", "--data_dir", data_dir, "--out_dir", out, "--device", "cpu", "--block_size", "32",
-                    "--batch_size", "2", "--gradient_accumulation_steps", "1", "--max_iters", "1", "--eval_iters", "1"])
+                    "shakespeare", "--tokenizer", "", "--data_dir", data_dir, "--out_dir", out, "--device", "cpu",
+                    "--block_size", "32", "--batch_size", "2", "--gradient_accumulation_steps", "1", "--max_iters",
+                    "1", "--eval_iters", "1"])
     finally:
         torch.set_num_threads(threads)
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)

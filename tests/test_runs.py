@@ -229,6 +229,7 @@ def test_an_interrupted_run_says_where_it_stopped_in_one_line(sig, data, tmp_pat
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 1 and "Traceback" not in err and len(lines) == 1, err
     assert "interrupted at step" in lines[0] and "the checkpoint of step 0 is kept" in lines[0], lines[0]
+    assert "stopping after this step" in err  # said at once, while the step still runs
     assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 0
 
 

@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from plumbing.errors import ConfigError, main_boundary, printable
 from plumbing.files import checkpoint_path, open_split, read_meta, regular_file, write_json
 from plumbing.models import build_model, load_model_module
 from plumbing.options import parse_simple
-from tools.tables import command_line, each, hardware_name, read_results, update_readme
+from tools.tables import chosen, command_line, spread, each, hardware_name, read_results, shape_of, update_readme
 
 # (label, model file, config overrides): each method's default and the variants its paper compares
 RUNS = [
@@ -112,8 +112,7 @@ class BenchFile:
     dtype: str = option("", "the autocast dtype", required=True)
     torch: str = option("", "torch's version", required=True)
     repeats: int = option(1, "--repeats", min=1)
-    shape: dict = option(None, "the model shape measured", required=True)
-    results: list = option(None, "a row per model (BenchRow)", required=True)
+    results: list = option(None, "a row per model (bench_row())", required=True)
 
 
 @dataclass
@@ -127,46 +126,24 @@ class DecodeFile(BenchFile):
         each(self, "command", lambda word: type(word) is str, "a string")
 
 
-@dataclass
-class BenchRow:
-    label: str = option("", "the run's label", required=True)
-    mode: str = option("eager", "--decode: the decode step timed", choices=("eager", "compiled", "baseline"))
-    batch: int = option(1, "--decode: rows generated together", min=1)
-    mfu: float = option(None, "model FLOPs utilisation; null off a known GPU", min=0)
-    compile_s: float = option(None, "seconds to compile the decode step; null where eager", min=0)
-    decode_tok_s: float = option(0.0, "--decode: tokens/s of the decode steps", min=0)
-    prefill_tok_s: float = option(0.0, "--decode: tokens/s of the prefill", min=0)
-    time_to_first_token_s: float = option(0.0, "--decode: seconds to the first token", min=0)
-    # ratios to vanilla's in the same run (skip_ratio: to the same model's generation without skipping; baseline_ratio:
-    # to the --baseline checkout's): the median over the repeats, and the smallest and the largest
-    train_speed_ratio: float = option(1.0, "training tokens/s over vanilla's", min=0)
-    train_speed_ratio_min: float = option(1.0, "", min=0)
-    train_speed_ratio_max: float = option(1.0, "", min=0)
-    peak_mem_ratio: float = option(1.0, "peak memory of a training step over vanilla's", min=0)
-    decode_ratio: float = option(1.0, "decode tokens/s over vanilla's", min=0)
-    decode_ratio_min: float = option(1.0, "", min=0)
-    decode_ratio_max: float = option(1.0, "", min=0)
-    skip_ratio: float = option(1.0, "decode tokens/s skipping over not skipping", min=0)
-    skip_ratio_min: float = option(1.0, "", min=0)
-    skip_ratio_max: float = option(1.0, "", min=0)
-    baseline_ratio: float = option(1.0, "decode tokens/s over the --baseline checkout's", min=0)
-    baseline_ratio_min: float = option(1.0, "", min=0)
-    baseline_ratio_max: float = option(1.0, "", min=0)
-
-
-@dataclass
-class DecodeRow(BenchRow):
-    mode: str = option("eager", "the decode step timed", choices=("eager", "compiled", "baseline"), required=True)
-    batch: int = option(1, "rows generated together", min=1, required=True)
-    decode_tok_s: float = option(0.0, "tokens/s of the decode steps", min=0, required=True)
-    prefill_tok_s: float = option(0.0, "tokens/s of the prefill", min=0, required=True)
-    time_to_first_token_s: float = option(0.0, "seconds to the first token", min=0, required=True)
+def bench_row(decode):
+    """The record of a row (of --decode: its numbers of generation required). The ratios are to vanilla's in the same
+    run (skip_ratio: to the same model's generation without skipping; baseline_ratio: to the --baseline checkout's):
+    the median over the repeats, and the smallest and the largest."""
+    return make_dataclass("DecodeRow" if decode else "BenchRow", [
+        ("label", str, option("", "", required=True)),
+        ("mode", str, option("eager", "", choices=("eager", "compiled", "baseline"), required=decode)),
+        ("batch", int, option(1, "", min=1, required=decode)),
+        *[(name, float, option(0.0, "", min=0, required=decode))
+          for name in ("decode_tok_s", "prefill_tok_s", "time_to_first_token_s")],
+        *[(name, float, option(None, "", min=0)) for name in ("mfu", "compile_s")],
+        *[(name + end, float, option(1.0, "", min=0)) for end in ("", "_min", "_max")
+          for name in ("train_speed_ratio", "peak_mem_ratio", "decode_ratio", "skip_ratio", "baseline_ratio")]])
 
 
 def read_bench(path, what, fix, decode):
     """The --json file at path (of --decode where decode), every row checked."""
-    return read_results(path, what, fix, DecodeFile if decode else BenchFile, "results",
-                        DecodeRow if decode else BenchRow)
+    return read_results(path, what, fix, DecodeFile if decode else BenchFile, "results", bench_row(decode))
 
 
 def saved_tensor_bytes(model, x, y):
@@ -285,9 +262,7 @@ def checkpoint_generation(args, device, ctx):
            **skip_generation(model, prompt, args.sample_tokens, device, ctx)}
     if "skip_time_ratio" not in row:
         raise ConfigError(f"{args.checkpoint} holds a {ckpt['model_name']} model without gates: nothing to skip")
-    print(f"{args.checkpoint} (step {row['steps']}): generation {row['sample_tok_s_skip']:,.1f} tok/s skipping, "
-          f"{row['sample_tok_s_dense']:,.1f} dense: time ratio {row['skip_time_ratio']:.3f}, "
-          f"est_flops_ratio {row['est_flops_ratio']:.3f}")
+    print(skipping(f"{args.checkpoint} (step {row['steps']})", row))
     return [row]
 
 
@@ -336,11 +311,7 @@ def measure_all(wanted, shape, args, device, ctx):
     for label, name, overrides in RUNS:
         if label != "vanilla" and label not in wanted:
             continue
-        try:
-            module = load_model_module(name)
-        except ConfigError:
-            continue  # that model file is not in this checkout
-        row, run = measure(label, module, {**shape, **overrides}, args, device, ctx)
+        row, run = measure(label, load_model_module(name), {**shape, **overrides}, args, device, ctx)
         if vanilla is None:
             vanilla, row["train_seconds"] = run, []
         else:
@@ -381,12 +352,15 @@ def print_measurements(rows):
               f"{mfu:>7}{r['sample_tok_s_cache']:>14,.1f}{r['sample_tok_s_nocache']:>10,.1f}")
     for r in rows:
         if "skip_time_ratio" in r:  # greedy generation, B=1, with the cache
-            print(f"{r['label']}: generation {r['sample_tok_s_skip']:,.1f} tok/s skipping, {r['sample_tok_s_dense']:,.1f} "
-                  f"dense: time ratio {r['skip_time_ratio']:.3f}, est_flops_ratio {r['est_flops_ratio']:.3f}")
+            print(skipping(r["label"], r))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# --decode: generation speed, eager and compiled
+def skipping(name, r):
+    return (f"{name}: generation {r['sample_tok_s_skip']:,.1f} tok/s skipping, {r['sample_tok_s_dense']:,.1f} dense: "
+            f"time ratio {r['skip_time_ratio']:.3f}, est_flops_ratio {r['est_flops_ratio']:.3f}")
+
+
+# ---- --decode: generation speed, eager and compiled
 
 def measure_decoding(wanted, shape, batches, args, device, ctx):
     """Rows per (label, mode, batch), timed in --repeats rounds, each round every case once in turn, so that a
@@ -425,11 +399,6 @@ def decoding_table(rows, baseline):
              "|---|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if baseline else "")]
     by = {(r["label"], r["mode"], r["batch"]): r for r in rows}
 
-    def spread(r, name):  # the median, and its smallest and largest where the file has them
-        if not r or name not in r:
-            return "-"
-        lo, hi = r.get(f"{name}_min"), r.get(f"{name}_max")
-        return f"{r[name]:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None and hi is not None else "")
     for label, batch in dict.fromkeys((r["label"], r["batch"]) for r in rows if r["mode"] != "baseline"):
         e, c = by.get((label, "eager", batch)), by.get((label, "compiled", batch))
         first = e or c
@@ -572,10 +541,7 @@ def main(argv):
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
-    wanted = set(args.runs.split(",")) if args.runs else {r[0] for r in RUNS}
-    unknown = wanted - {r[0] for r in RUNS}
-    if unknown:
-        raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from {', '.join(r[0] for r in RUNS)}")
+    wanted = chosen(args.runs, [r[0] for r in RUNS])
     batches = check_decode_options(args) if args.decode else None
     decode_compiled = args.decode and "compiled" in args.decode_modes.split(",")
     if args.warm_only and (not (args.compile or decode_compiled) or args.json or args.update_readme or args.checkpoint):
@@ -586,12 +552,7 @@ def main(argv):
     if args.update_readme and not (args.decode and args.json):
         raise ConfigError("--update_readme writes the --decode table into the page that holds its markers: give "
                           "--decode, and --json (its path names the markers)")
-    shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=args.vocab_size)
-    if args.size == "small":  # the model files' own defaults: write them out, for the record
-        defaults = load_model_module("vanilla").GPTConfig()
-        shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
-    if args.n_layer:
-        shape["n_layer"] = args.n_layer
+    shape = shape_of(args, args.vocab_size)
     if args.close_gates >= 0:  # the options, all of them, before an hour of measuring
         check_gated(wanted, shape, args)
     hardware = hardware_name(device)
@@ -633,8 +594,7 @@ def publish_decoding(saved, path):
 
 
 def check_decode_options(args):
-    """--decode's options together: batch sizes, the modes, a window that no step restarts, the baseline's folder.
-    Returns the batch sizes."""
+    """--decode's options together: batch sizes, the modes, a window that no step restarts. Returns the batch sizes."""
     try:
         batches = [int(b) for b in args.decode_batches.split(",")]
     except ValueError:
@@ -647,8 +607,6 @@ def check_decode_options(args):
     if args.prompt_tokens + args.decode_tokens + 1 > args.block_size:
         raise ConfigError(f"--prompt_tokens + --decode_tokens + 1 = {args.prompt_tokens + args.decode_tokens + 1} "
                           f"exceeds --block_size {args.block_size}: the timed steps would restart the window")
-    if args.baseline and not os.path.isdir(args.baseline):
-        raise ConfigError(f"--baseline {args.baseline}: no such folder; pass the root of another checkout")
     return batches
 
 

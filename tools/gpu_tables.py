@@ -14,20 +14,11 @@ every model file with its default settings (--runs):
     eager        training without torch.compile, 1024 tokens
     compiled4096 training, torch.compile, 4096 tokens
     kernels_compiled  the Triton kernels inductor generates per training step and per decode step
-Each part runs in its own processes, so that one that fails leaves the others' tables; the time of each is printed,
-and the command exits non-zero if any failed.
-
-Most of the time is compiling: on one H100 each model's training step compiles for 30 to 80 s, so the six models'
-steps at two lengths and their decode steps would take over 10 minutes in a row. So the command runs in two
-phases. First, it compiles every step that a timed part will compile (tools/bench.py --warm_only: measuring nothing;
-inductor keeps each compiled step in its cache on disk) and runs the parts that only count, in two pools of
-processes side by side, sized by GPU memory: a training step of the 300m shape holds about 16 GB while it
-compiles, so --jobs of those at a time; the decode steps (batch 1) and the counts (tools/kernels.py, one process per
-model, each counting its label alone) hold little, so --light_jobs of those at a time beside them. Once both pools
-are done, tools/kernels.py --merge joins each count's files into the JSON file that one run of it would have written, and
-writes its table into docs/ (one merge at a time: two processes rewriting one page at once could lose a table).
-Then the timed parts run one after another, alone on the machine, and their models compile from that cache in
-seconds.
+Each part runs in its own processes, so that one that fails leaves the others' tables; the command exits non-zero
+if any failed. Compiling is most of the time, so it runs in two phases (docs/benchmarks.md tells them in full): first,
+in two pools of processes side by side sized by GPU memory, every step a timed part will compile (tools/bench.py
+--warm_only fills inductor's cache on disk) and the counts, a label a process, which tools/kernels.py --merge then
+joins; then the timed parts, one after another, alone on the machine, compiling from that cache in seconds.
 """
 import os
 import re
@@ -48,15 +39,12 @@ from plumbing.errors import ConfigError, RunError, main_boundary, printable
 from plumbing.files import output_file
 from plumbing.options import check_output, parse_simple, without
 from tools.bench import read_bench
-from tools.tables import hardware_name, update_readme
+from tools.tables import hardware_name, spread, update_readme
 
 PARTS = ("compiled", "decode", "kernels", "eager", "compiled4096", "kernels_compiled")
 COUNTING = ("kernels_compiled", "kernels")  # the parts that time nothing: the first phase counts them, a label a job
 COMPILING = ("compiled4096", "compiled", "decode")  # the timed parts that compile, slowest first
-# The first phase's two pools hold the parts' jobs by the GPU memory each takes, in each pool the slowest part first:
-# a training step of the 300m shape holds about 16 GB while it compiles (so --jobs of them on one GPU); a batch-1
-# decode step or a count at a small shape holds little (so --light_jobs more beside them)
-HEAVY = ("compiled4096", "compiled")
+HEAVY = ("compiled4096", "compiled")  # the first phase's pools, by the GPU memory a job holds, slowest first
 LIGHT = ("kernels_compiled", "decode", "kernels")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -91,7 +79,6 @@ def gpu_folder(name):
 
 
 def commands(args, out):
-    """{part: argv} of every part asked for."""
     train = ["--size", "300m", "--device", "cuda", "--runs", args.runs, "--repeats", str(args.repeats),
              "--iters", str(args.iters), "--warmup", "2", "--sample_tokens", "8"]
     readme = ["--update_readme"] if args.update_readme else []
@@ -117,56 +104,45 @@ def commands(args, out):
     return {part: every[part] for part in PARTS if part in wanted}
 
 
-def labels(args):
-    """vanilla, the ratios' base, and the --runs labels, each once."""
+def labels(args):  # vanilla, the ratios' base, first
     return list(dict.fromkeys(["vanilla", *args.runs.split(",")]))
 
 
 def warm_commands(todo, args):
-    """[(name, argv)]: for each timed part that compiles, one tools/bench.py --warm_only per model, the part's own command
-    otherwise (its shapes, dtype and steps), so that inductor's cache holds exactly what the part will compile."""
+    """[(name, argv)]: for each timed part that compiles, its own command with --warm_only, a model each, so that
+    inductor's cache holds exactly what the part will compile."""
     return [(f"{part} {label}", [*without(todo[part], "--runs", "--json", "--update_readme"), "--runs", label,
                                  "--warm_only"])
             for part in COMPILING if part in todo for label in labels(args)]
 
 
 def parts_folder(argv):
-    """Where a counting part's labels are counted to, one file each: logs/<the part's JSON file less .json>/ beside
-    it (with the jobs' output, which is not kept with the tables)."""
+    """logs/<the part's JSON file less .json>/ beside it: where a counting part's labels are counted to, a file each."""
     path = argv[argv.index("--json") + 1]
     return os.path.join(os.path.dirname(path), "logs", os.path.splitext(os.path.basename(path))[0])
 
 
 def count_commands(part, argv, args):
-    """[(name, argv)] of a counting part's command (tools/kernels.py, argv) split by label: each counts its label alone
-    (--with_vanilla false) into parts_folder()/<label>.json, which merge_command() joins."""
+    """[(name, argv)] of a counting part's command split by label, each alone into parts_folder()/<label>.json."""
     folder = parts_folder(argv)
     return [(f"{part} {label}", [*without(argv, "--runs", "--json", "--update_readme"), "--runs", label,
                                  "--with_vanilla", "false", "--json", os.path.join(folder, f"{label}.json")])
             for label in labels(args)]
 
 
-def merge_command(argv):
-    """The counting part's own command with --merge: it counts nothing, and writes the JSON file (and the table in
-    docs/) that the command would have, from the files of count_commands()."""
-    return [*argv, "--merge", parts_folder(argv)]
-
-
 def first_jobs(todo, args):
-    """The first phase: (heavy, light, merges), each a list of (name, argv). heavy: the compiles of training steps,
-    --jobs at a time; light: beside them, --light_jobs at a time, the decode steps' compiles and the counts, a label
-    each; merges: after both, one after another, each counting part's merge_command() (the first phase's only
-    writer of docs/: two processes rewriting one page at once could lose a table)."""
+    """The first phase: (heavy, light, merges), each a list of (name, argv): the compiles of training steps, --jobs at
+    a time; beside them, --light_jobs at a time, the decode steps' compiles and the counts; then each count's merge,
+    one after another (two processes rewriting one page at once could lose a table)."""
     jobs = {part: [job for job in warm_commands(todo, args) if job[0].split()[0] == part] for part in COMPILING}
     jobs.update({part: count_commands(part, todo[part], args) for part in COUNTING if part in todo})
     return ([job for part in HEAVY for job in jobs.get(part, [])],
             [job for part in LIGHT for job in jobs.get(part, [])],
-            [(part, merge_command(todo[part])) for part in COUNTING if part in todo])
+            [(part, [*todo[part], "--merge", parts_folder(todo[part])]) for part in COUNTING if part in todo])
 
 
 def run_logged(name, argv, logs):
-    """(name, argv, exit code, seconds, log file) of a script run in its own process, its output written as it
-    comes to logs/<name>.log (what a run stopped halfway leaves)."""
+    """(name, argv, exit code, seconds, log file) of a script run in its own process, its output in logs/<name>.log."""
     log = output_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away")
     t0 = time.perf_counter()
     with open(log, "w") as f:  # a regular file or none (output_file): opening it waits for nothing
@@ -174,8 +150,7 @@ def run_logged(name, argv, logs):
     return name, argv, code, time.perf_counter() - t0, log
 
 
-def report(name, argv, code, seconds, log, output=False):
-    """How a job ended, and its output: all of it where output is True, its end where it failed."""
+def report(name, argv, code, seconds, log, output=False):  # with all its output, or the end of a failed one's
     print(f"# {name}: {shlex.join(['python', *argv])}\n"
           f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s; its output: {log}",
           flush=True)
@@ -185,10 +160,8 @@ def report(name, argv, code, seconds, log, output=False):
 
 
 def first_phase(todo, args, out):
-    """Every compile of the timed parts and every count, in two pools side by side (first_jobs()), then the counts'
-    merges. Each job's output goes to out/logs/. Returns the counting parts that failed (a count or the merge: a
-    part whose count failed is not merged); a failed compile is only reported, since its timed part will compile
-    (and fail) on its own."""
+    """Runs first_jobs(); returns the counting parts that failed (a count or the merge). A failed compile is only
+    reported, since its timed part will compile (and fail) on its own."""
     logs = os.path.join(out, "logs")
     os.makedirs(logs, exist_ok=True)
     heavy, light, merges = first_jobs(todo, args)
@@ -214,8 +187,7 @@ def first_phase(todo, args, out):
 
 
 def summary(out):
-    """One table of every model's ratios to vanilla in the JSON files of out: compiled training speed, MFU and peak
-    memory at 1024 tokens, compiled decoding at batch 1, eager training, compiled training at 4096 tokens."""
+    """One table of every model's ratios to vanilla in the JSON files of out."""
     def read(name):
         path = os.path.join(out, name)
         if not os.path.exists(path):
@@ -236,12 +208,8 @@ def summary(out):
         if r["mode"] == "compiled" and r["batch"] == 1 and "decode_ratio" in r:
             rows.setdefault(r["label"], {})["decode"] = r
 
-    def ratio(r, key, field):
-        x = r.get(key)
-        if x is None or field not in x:
-            return "-"
-        lo, hi = x.get(f"{field}_min"), x.get(f"{field}_max")
-        return f"{x[field]:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if None not in (lo, hi) and lo != hi else "")
+    def ratio(r, key, field):  # one number where the repeats agree
+        return spread(r.get(key), field, same=False)
     lines = [f"{first['hardware']}, {first['dtype']}, torch {first['torch']}, the 300m shape; ratios to vanilla "
              "(median, in brackets the smallest and largest of the interleaved repeats):", "",
              "| model | compiled tok/s (1024) | MFU | MFU x vanilla | peak memory | compiled decode (B 1) | eager "
@@ -280,20 +248,15 @@ def main(argv):
     todo = commands(args, out)
     timed = [part for part in todo if args.jobs == 1 or part not in COUNTING]
     if args.dry_run:
-        if args.jobs > 1:
-            heavy, light, merges = first_jobs(todo, args)
-            for title, jobs in ((f"first, at most {args.jobs} at a time (training steps compiling, about 16 GB of GPU "
-                                 "memory each)", heavy),
-                                (f"beside them, at most {args.light_jobs} at a time (decode steps compiling, kernel "
-                                 "counts: little GPU memory)", light),
-                                ("then each count's merge (writing its table), one after another", merges)):
-                if jobs:
-                    print(f"# {title}:")
-                    for _, argv_ in jobs:
-                        print(shlex.join(["python", *argv_]))
-            print("# then, one after another:")
-        for part in timed:
-            print(shlex.join(["python", *todo[part]]))
+        heavy, light, merges = first_jobs(todo, args) if args.jobs > 1 else ([], [], [])
+        for title, jobs in ((f"first, at most {args.jobs} at a time (training steps compiling, about 16 GB of GPU "
+                             "memory each)", heavy),
+                            (f"beside them, at most {args.light_jobs} at a time (decode steps compiling, kernel "
+                             "counts: little GPU memory)", light),
+                            ("then each count's merge (writing its table), one after another", merges),
+                            ("then, one after another", [(part, todo[part]) for part in timed])):
+            if jobs:
+                print(f"# {title}:\n" + "\n".join(shlex.join(["python", *argv_]) for _, argv_ in jobs))
         return todo
     os.makedirs(out, exist_ok=True)
     start = time.perf_counter()

@@ -12,21 +12,15 @@ GPU), where each generated kernel is about one pass over memory.
     python -m tools.kernels --runs vertical --with_vanilla false --json parts/vertical.json  # each, side by side, ...
     python -m tools.kernels --runs vertical --json kernels.json --merge parts                # ... joined into one file
 
-Eager, on the CPU a kernel is one ATen operator call seen by a TorchDispatchMode that computes a tensor: views (an
-operator whose result aliases its input: view, transpose, expand, split, detach, _unsafe_view, ...) and operators
-that return no tensor are left out, and the training step runs in float32. On CUDA a kernel is one launch on the
-GPU as torch.profiler records it (an operator may launch none, one or several), and the training step runs under
-bf16 autocast, as train.py runs it there. Compiled (--compiled), a kernel is one that inductor generates
-(torch._inductor.metrics.generated_kernel_count: a C++ loop nest on the CPU, a Triton kernel on CUDA) while it
-compiles the step with fullgraph=True (a graph break is an error) and its caches off; the matmuls and attention,
-library calls, are not among them (on the CPU the count also holds the outer-loop fusions' wrappers and the
-fusions inductor tries and drops, so it measures work to fuse, not launches). The training step is one forward
-with targets and its backward; the decode step is generate.py's decode_step at the middle of the context, after a prefill (compiled: generate.compile_decode_step,
-as sample.py --compile runs it). Eager counts depend on the shapes only through which operators run, not on their
-sizes; compiled counts can change with the shape (inductor splits a large reduction), so a table names its shape.
-Each label's row is counted from a fresh model (seed 0) with nothing compiled before it, so that a table may be
-counted in parts, a label each (--with_vanilla false), in processes side by side (tools/gpu_tables.py does), and joined
-with --merge into the file that one run of the same command would have written.
+Eager, a kernel is on the CPU one ATen operator call that computes a tensor (views and operators that return no
+tensor left out; the training step in float32), on CUDA one launch on the GPU as torch.profiler records it (the
+training step under bf16 autocast, as train.py runs it there). Compiled (--compiled), a kernel is one that inductor
+generates while it compiles the step with fullgraph=True and its caches off (docs/benchmarks.md says what that count
+measures). The training step is one forward with targets and its backward; the decode step is generate.py's
+decode_step at the middle of the context, after a prefill. Compiled counts can change with the shape, so a table
+names its shape. Each label's row is counted from a fresh model (seed 0) with nothing compiled before it, so that a
+table may be counted in parts, a label each (--with_vanilla false), in processes side by side (tools/gpu_tables.py
+does), and joined with --merge into the file that one run of the same command would have written.
 """
 import collections
 import importlib.util
@@ -49,7 +43,7 @@ from plumbing.files import write_json
 from plumbing.models import build_model, load_model_module, model_names
 from plumbing.options import explicit_options, parse_simple, without
 from tools.bench import RUNS
-from tools.tables import command_line, each, hardware_name, read_results, update_readme
+from tools.tables import chosen, command_line, each, hardware_name, read_results, update_readme
 
 # --size: the shape options' values when not given; gpt2 is GPT-2 small's, small the model files' own defaults
 SHAPES = {
@@ -88,7 +82,6 @@ class KernelsConfig:
     device: str = option("cpu", "cpu: ATen operators (float32); cuda: the GPU's kernel launches (bf16 autocast)",
                          choices=("cpu", "cuda"))
     json: str = option("", "also write the counts here", path=True, out="file")
-    top: int = option(6, "operators listed per row of the eager table", min=0)
     update_readme: bool = option(False, "also write the table between the markers of the --json file, in the page "
                                  "of README.md or docs/ that holds them")
     table_only: bool = option(False, "count nothing: print the table of the --json file, counted before or elsewhere "
@@ -141,7 +134,6 @@ def read_counts(path, what, fix):
 
 
 class KernelCount(TorchDispatchMode):
-    """Counts the ATen operators run under it, by name, leaving out views."""
 
     def __init__(self):
         super().__init__()
@@ -266,12 +258,9 @@ def parse_args(argv):
     if args.model_file and (args.compiled or args.merge):
         raise ConfigError(f"{'--compiled counts' if args.compiled else '--merge joins'} this repository's model files; "
                           f"drop --model_file or {'--compiled' if args.compiled else '--merge'}")
-    labels = {r[0] for r in RUNS}
-    wanted = (set(model_names()) if not args.runs else labels if args.runs == "all" else
-              set(args.runs.split(",")) | ({"vanilla"} if args.with_vanilla else set()))
-    unknown = wanted - labels
-    if unknown:
-        raise ConfigError(f"unknown --runs {', '.join(sorted(unknown))}; choose from all, {', '.join(sorted(labels))}")
+    labels = [r[0] for r in RUNS]
+    wanted = (set(model_names()) if not args.runs else set(labels) if args.runs == "all" else
+              chosen(args.runs, labels) | ({"vanilla"} if args.with_vanilla else set()))
     if args.update_readme and "vanilla" not in wanted:
         raise ConfigError("--update_readme writes a table of ratios to vanilla, which --with_vanilla false leaves out "
                           "here: drop --update_readme (--merge joins the parts into a table)")
@@ -279,8 +268,7 @@ def parse_args(argv):
     return args
 
 
-def header(args, device, dtype, version, command):
-    """The --json file's "shape": what the counts were counted at and with, and the command that counts them."""
+def header(args, device, dtype, version, command):  # the --json file's "shape"
     return {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size, "block_size": args.block_size,
             "torch": version, "device": device, "dtype": dtype, "compiled": args.compiled, "command": command}
 
@@ -313,8 +301,7 @@ def merged(args, argv):
             "models": rows}
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv):
     args = parse_args(argv)
     if args.table_only:
         fix = "give a file that `python -m tools.kernels --json` wrote"
@@ -341,7 +328,6 @@ def main(argv=None):
 
 
 def counted(args, argv, device):
-    """The --json file's content: every label's counts, each from a model built from seed 0."""
     rows = {}
     for label, name, overrides in args.labels:
         torch.manual_seed(0)  # each row's random model and tokens, whichever rows are counted before it
@@ -364,8 +350,7 @@ def counted(args, argv, device):
 
 
 def publish(saved, args):
-    """Print the Markdown table of saved (the --json file's content), and with --update_readme write it between
-    that file's markers."""
+    """Print the table of saved (the --json file's content); with --update_readme write it between its markers."""
     shape, rows = saved["shape"], saved["models"]
     if "vanilla" not in rows:
         raise ConfigError(f"{args.json} holds no vanilla row, the ratios' base (a part counted with --with_vanilla "
@@ -388,7 +373,7 @@ def publish(saved, args):
         lines = [f"Eager kernels per training step (forward + backward; {what}) and per decode step, {size}:", "",
                  "| model | fwd+bwd | x vanilla | decode step | most frequent (fwd+bwd) |", "|---|--:|--:|--:|---|"]
         for label, r in rows.items():  # a GPU kernel's name can run to hundreds of characters: its first 40 here
-            top = ", ".join(f"{n[:40]} {c}" for n, c in list(r.get("train_ops", {}).items())[:args.top])
+            top = ", ".join(f"{n[:40]} {c}" for n, c in list(r.get("train_ops", {}).items())[:6])
             lines.append(f"| {label} | {r['train']} | {r['train'] / base:.2f} | {r['decode']} | {top} |")
     print("\n".join(lines))
     if args.update_readme:

@@ -6,20 +6,11 @@ Results sweeps: every model, or one paper's ablation, trained by train.py with o
     python -m tools.sweep --ablation skipmiddle,va_lr,skiplayer,attnres_blocks          # several, seed 1 of all first
     python -m tools.sweep --size small --train_iters 500 --seeds 3 --table_only         # tables and figures only
 
-A sweep is a list of (label, model file, config overrides). Each label is trained with each of --seeds seeds
-(the seed sets the initialisation and the order of the training windows) with the same data, batch, lr and
-steps, then evaluated on the whole validation split. A run's key is a hash of all its train.py options and the
-data set's meta.json: <results>/results.json keeps every run by key and is written after each run, so the same
-command run again skips what it holds and continues a cut-off run from its checkpoint (a sweep can be finished
-over several sittings), a changed option never reuses a stale run, and a run that another results.json already
-holds under the same key (--reuse: the main table's vanilla, say) is copied in instead of trained again.
-
-Outputs, rewritten after every run: results.json (every run: final loss, validation curve, stats(), options),
-RESULTS.md (val loss mean ± std over seeds; the paired same-seed difference to the reference ± its standard
-error) and a figure, and with --update_readme the copy of RESULTS.md between its `<!-- <folder>:start -->` and
-`<!-- <folder>:end -->` markers, in the page that holds them (README.md: the main table; docs/results.md: the
-rest). The main table goes to --results (curves.png);
---ablation NAME to <results>/ablations/NAME/ (figure.png). The ablations, at the small 6-layer shape:
+Each label is trained with each of --seeds seeds with the same data, batch, lr and steps, then evaluated on the
+whole validation split. A run's key is a hash of its train.py options and the data set's meta.json: <results>/
+results.json keeps every run by key, written after each run, so the same command run again goes on where it stopped
+and a changed option never reuses a stale run (docs/results.md tells the outputs and the figure in full). The main
+table goes to --results, --ablation NAME to <results>/ablations/NAME/. The ablations, at the small 6-layer shape:
   skipmiddle      Learning to Skip the Middle Layers of Transformers (Lawson and Aitchison), Figure 2: gated
                   skip-middle at several final mean-gate targets against dense models of 1 to 6 layers, on
                   estimated forward FLOPs per token
@@ -36,7 +27,7 @@ import shlex
 import statistics
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,24 +42,20 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
 from analysis.figures import import_pyplot, save_png
-from common import DTYPES, SIZES, model_from_checkpoint
-from plumbing.config import option
-from plumbing.errors import ConfigError, Interrupted, main_boundary, printable
-from plumbing.files import (open_split, output_file, parse_json, read_checkpoint, read_meta, read_text, write_json,
-                            written)
+from common import DTYPES, SIZES, autocast, model_from_checkpoint
+from plumbing.config import check_record, option
+from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, printable
+from plumbing.files import (LogRecord, open_split, output_file, parse_json, read_checkpoint, read_meta, read_text,
+                            write_json, written)
 from plumbing.models import load_model_module
 from plumbing.options import parse_model_options, parse_simple, without
 from tools.bench import RUNS
-from tools.tables import each, hardware_name, number, read_results, update_readme
+from tools.tables import chosen, each, hardware_name, number, read_results, shape_of, update_readme
 from eval import evaluate_split
 from train import TrainConfig
 from train import main as train_main  # train.py's entry point, called in-process
 
-# ----------------------------------------------------------------------------------------------------------
-# what is trained: the main table's labels and the papers' ablations
-
-# RUNS, (label, model file, config overrides): each method's default and the variants its paper compares,
-# as tools/bench.py measures them
+# ---- what is trained: the main table's labels (tools/bench.py's RUNS) and the papers' ablations
 
 # The papers' names, by model file: the figures group and colour the labels by these.
 PAPERS = {
@@ -220,10 +207,7 @@ def main(argv):
         raise ConfigError(f"the ablations are defined at 6 layers (their points name layer counts), not {shape['n_layer']}")
 
     sweeps = [main_sweep(args)] if not names else [ablation_sweep(n, args) for n in names]
-    labels = {label for s in sweeps for label, *_ in s["points"]}
-    wanted = set(args.runs.split(",")) if args.runs else labels
-    if wanted - labels:
-        raise ConfigError(f"unknown --runs {', '.join(sorted(wanted - labels))}; choose from {', '.join(sorted(labels))}")
+    wanted = chosen(args.runs, sorted({label for s in sweeps for label, *_ in s["points"]}))
     for s in sweeps:
         s["points"] = [p for p in s["points"] if p[0] in wanted or p[0] in s["always"]]
         s["plan"] = plan(s, shape, args, device.type, dtype, meta)
@@ -238,8 +222,8 @@ def main(argv):
 
 
 def device_and_dtype(args):
-    """The device, and the dtype name of the runs: auto is bfloat16 on CUDA where supported (and on a machine
-    without CUDA, so that it can --table_only a GPU sweep), else float32."""
+    """Unlike common.resolve_device, cuda is taken (and auto is bfloat16 there) on a machine without CUDA, so that it
+    can --table_only a GPU sweep."""
     try:
         device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     except RuntimeError:
@@ -250,14 +234,7 @@ def device_and_dtype(args):
 
 
 def model_shape(args, meta):
-    """The shared model options of every run (their order is part of the run keys)."""
-    shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=meta["vocab_size"])
-    if args.size == "small":  # the model files' own defaults: written out, for the record
-        defaults = load_model_module("vanilla").GPTConfig()
-        shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
-    if args.n_layer:
-        shape["n_layer"] = args.n_layer
-    return shape
+    return shape_of(args, meta["vocab_size"])  # its order is part of the run keys
 
 
 def main_sweep(args):
@@ -271,8 +248,7 @@ def ablation_sweep(name, args):
                 always={"vanilla"} & {p[0] for p in spec["points"]}, reference=spec.get("frontier", "vanilla"))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the plan: every (label, seed) run's train.py options and key
+# ---- the plan: every (label, seed) run's train.py options and key
 
 OWNED = ("model", "dataset", "data_dir", "out_dir", "resume", "max_iters", "batch_size", "seed", "device", "dtype",
          "eval_interval", "size", "init_from")  # train.py options every run of a sweep sets itself
@@ -342,7 +318,7 @@ def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
     known = {}  # every run on record by key: --reuse files, then each sweep's own results.json
     for path in [p for p in args.reuse.split(",") if p] + [os.path.join(s["results"], "results.json") for s in sweeps]:
         known.update(saved_runs(path))
-    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    ctx = autocast(device, dtype)
     trained, stopped, stale = 0, False, {s["results"] for s in sweeps}  # stale: figures to redraw
     for seed in seeds:
         for s in sweeps:
@@ -356,8 +332,10 @@ def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
                     stopped = True
                     continue
                 else:
-                    done, total = count_done(s), sum(map(len, s["plan"].values()))
-                    print(f"training {s['name'] or 'main'}: {label}, seed {seed} ({done + 1} of {total})", file=sys.stderr)
+                    saved = saved_runs(os.path.join(s["results"], "results.json"))
+                    done = sum(k in saved for runs in s["plan"].values() for *_, k in runs)
+                    print(f"training {s['name'] or 'main'}: {label}, seed {seed} ({done + 1} of "
+                          f"{sum(map(len, s['plan'].values()))})", file=sys.stderr)
                     record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta)
                     trained += 1
                 known[key] = record
@@ -376,13 +354,7 @@ def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
     return rows
 
 
-def count_done(sweep):
-    saved = saved_runs(os.path.join(sweep["results"], "results.json"))
-    return sum(key in saved for runs in sweep["plan"].values() for *_, key in runs)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# one run: train (or finish) it, then evaluate it on the whole validation split
+# ---- one run: train (or finish) it, then evaluate it on the whole validation split
 
 def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     """Train one (label, seed) run with the shared budget (or finish it), then evaluate the whole val split.
@@ -408,17 +380,12 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     if not math.isfinite(loss[-1].item()):  # a table shows no NaN as a number: the run is refused, not recorded
         raise ConfigError(f"the run {printable(out_dir)} has a validation loss that is not finite ({loss[-1].item()}); "
                           f"delete its folder and check --train_args, or leave {label} out of --runs")
-    evals = {}  # the validation curve from the run's log; where a resumed log repeats a step, the last wins
-    log = os.path.join(out_dir, "log.jsonl")
-    lines = read_text(log, "the run's log", "delete the run's folder to train it again").splitlines()
-    for n, line in enumerate(lines, 1):
-        try:
-            record = parse_json(line)
-            if "val_loss" in record:
-                evals[int(record["iter"])] = float(record["val_loss"])
-        except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"the run's log {printable(log)} line {n} is not a record of train.py ({e}); delete the "
-                              "run's folder to train it again")
+    evals, log, fix = {}, os.path.join(out_dir, "log.jsonl"), "delete the run's folder to train it again"
+    for n, line in enumerate(read_text(log, "the run's log", fix).splitlines(), 1):  # a repeated step: the last wins
+        with handling(log, fix):
+            record = check_record(LogRecord, parse_json(line), f"the run's log {log} line {n}", fix)
+        if "val_loss" in record:
+            evals[record["iter"]] = record["val_loss"]
     return {"label": label, "seed": seed, "key": key, "options": options,
             "val_loss": loss[-1].item(), "val_tokens": count, "steps": ckpt["iter_num"],
             "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
@@ -438,33 +405,25 @@ def model_stats(model, val, T, batch_size, device, ctx):
         return model.stats(torch.from_numpy(val[:n * T].astype(np.int64)).view(n, T).to(device))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# results.json
+# ---- results.json
+
+# results.json's fields that its readers use (the header's, and a trained run's: train_and_evaluate()); the others
+# (the command, the summary, a run's options and steps) are rewritten, not read
 
 @dataclass
 class SweepFile:
-    """results.json: a header (the command, the machine, the shape) and a record per trained run."""
     runs: list = option(None, "a record per run (Run)", required=True)
-    command: list = option(None, "the words of the command after python")
     hardware: str = option("", "the machine of the latest run trained")
     torch: str = option("", "torch's version there")
-    summary: list = option(None, "a row per label (aggregate())")
-
-    def __post_init__(self):
-        each(self, "command", lambda word: type(word) is str, "a string")
 
 
 @dataclass
 class Run:
-    """A trained run, as train_and_evaluate() records it."""
     label: str = option("", "the sweep's label", required=True)
     seed: int = option(0, "--seed", min=0, required=True)
     key: str = option("", "run_key(): its options and data set", required=True)
-    options: list = option(None, "its train.py options", required=True)
     val_loss: float = option(0.0, "over the whole validation split", required=True)
     val_tokens: int = option(1, "the split's tokens evaluated", min=1, required=True)
-    steps: int = option(0, "trained", min=0, required=True)
-    tokens_seen: int = option(0, "trained on", min=0, required=True)
     train_seconds: float = option(0.0, "wall time of the training", min=0, required=True)
     params: int = option(1, "the model's", min=1, required=True)
     stats: dict = option(None, "the model file's stats(): numbers, or null", required=True)
@@ -473,7 +432,6 @@ class Run:
     reused: bool = option(False, "copied from another results.json under the same key")
 
     def __post_init__(self):
-        each(self, "options", lambda word: type(word) is str, "a string")
         each(self, "stats", lambda v: v is None or number(v), "a number or null")
         each(self, "curve", lambda p: type(p) is list and len(p) == 2 and all(map(number, p)), "a pair of numbers")
 
@@ -518,8 +476,7 @@ def save_run(sweep, record, header, argv):
         if record.get("reused") and "hardware" in saved:
             head.update({k: saved[k] for k in ("hardware", "torch")})
         runs = {**{r["key"]: r for r in saved.get("runs", [])}, record["key"]: record}
-        write_json(json_path, {**saved, **head, "runs": list(runs.values())})  # whole: an interrupted sweep never
-        # leaves a broken results.json
+        write_json(json_path, {**saved, **head, "runs": list(runs.values())})
 
 
 def command(sweep, argv):
@@ -528,8 +485,7 @@ def command(sweep, argv):
     return ["-m", "tools.sweep", *(["--ablation", sweep["name"]] if sweep["name"] else []), *kept]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the summary: mean ± std over seeds, and the paired difference to the reference ± its standard error
+# ---- the summary: mean ± std over seeds, and the paired difference to the reference ± its standard error
 
 def aggregate(runs, labels, pair=None):
     """Per label: val loss mean and std over seeds, and the paired (same-seed) difference to the reference: its
@@ -601,16 +557,17 @@ def report(sweep, header, args, argv, figure=False, final=False):
             update_readme(table, sweep["results"])
     if final:
         print(table)
-    path = os.path.join(sweep["results"], sweep["figure"])
-    if figure and runs and "x" in sweep:
-        plot_ablation(sweep, rows, runs, xs, configs, path)
-    elif figure and runs:
-        plot_results(sweep, rows, runs, path, val_windows(header))
+    path, plt = os.path.join(sweep["results"], sweep["figure"]), import_pyplot() if figure and runs else None
+    if figure and runs and plt is None:
+        print("note: no matplotlib, so no figure (pip install matplotlib)", file=sys.stderr)
+    elif plt and "x" in sweep:
+        plot_ablation(plt, sweep, rows, runs, xs, configs, path)
+    elif plt:
+        plot_results(plt, sweep, rows, runs, path, val_windows(header))
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------
-# tables
+# ---- tables
 
 def results_table(sweep, rows, runs, header, n_planned):
     by_label = {}
@@ -629,7 +586,9 @@ def results_table(sweep, rows, runs, header, n_planned):
         f"train.py options `{header['train_args']}`; " + (
             f"{len(runs)} run{'s' if len(runs) > 1 else ''}, {hours:.2f} hours of training in all{cost(runs)}. Validation loss over the whole "
             f"validation split ({runs[0]['val_tokens']:,} tokens) as mean ± std over seeds; Δ = the mean of the "
-            f"same-seed differences to {reference_text(sweep)} ± its standard error, **bold** where |Δ| > 2 SE."
+            "same-seed differences to " + ("the dense models of the same seed at the same estimated FLOPs (interpolated "
+            "between layer counts)" if "frontier" in sweep else "vanilla") + " ± its standard error, **bold** where "
+            "|Δ| > 2 SE."
             if runs else f"{len(sweep['points'])} labels x {len(header['seeds'])} seeds."),
     ]
     if not runs:
@@ -644,8 +603,8 @@ def results_table(sweep, rows, runs, header, n_planned):
         group = by_label[row["label"]]
         loss = f"{row['mean']:.4f}" + (f" ± {row['std']:.4f}" if row["std"] is not None else "")
         if row["delta"] is None:
-            delta, reading = "", ("(reference)" if sweep["name"] else "(baseline)") if is_reference(sweep, row) \
-                else "no pair"
+            reference = row["label"] == "vanilla" or ("frontier" in sweep and row["label"].startswith("dense-"))
+            delta, reading = "", ("(reference)" if sweep["name"] else "(baseline)") if reference else "no pair"
         else:
             delta = f"{row['delta']:+.4f}" + (f" ± {row['delta_se']:.4f}" if row["delta_se"] is not None else "")
             delta = f"**{delta}**" if row["marked"] else delta
@@ -670,16 +629,6 @@ def cost(runs):
             f"their evaluation" + (f"; {reused} copied from other results under the same key" if reused else "") + ")")
 
 
-def reference_text(sweep):
-    if "frontier" in sweep:
-        return "the dense models of the same seed at the same estimated FLOPs (interpolated between layer counts)"
-    return "vanilla"
-
-
-def is_reference(sweep, row):
-    return row["label"] == "vanilla" or ("frontier" in sweep and row["label"].startswith("dense-"))
-
-
 def seeds_done(sweep, runs):
     have = {(r["label"], r["seed"]) for r in runs}
     labels = [label for label, *_ in sweep["points"]]
@@ -688,8 +637,7 @@ def seeds_done(sweep, runs):
             else "the first seed not yet complete")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# figures
+# ---- figures
 
 def colours(labels, models, plt):
     """A colour per label: vanilla black, each paper's labels in shades of its own colour map."""
@@ -731,24 +679,16 @@ def delta_panel(ax, rows, colour, models, reference):
 
 
 def val_windows(header):
-    """The validation windows behind every point of a run's curve: train.py's eval_iters x batch_size."""
-    words, n = shlex.split(header["train_args"]), TrainConfig.eval_iters
-    for i, w in enumerate(words):  # --eval_iters=N or --eval_iters N; the last one counts, as in train.py
-        if w.startswith("--eval_iters="):
-            n = int(w.split("=", 1)[1])
-        elif w == "--eval_iters" and i + 1 < len(words):
-            n = int(words[i + 1])
-    return n * header["batch_size"]
+    """The validation windows behind every point of a run's curve: train.py's eval_iters (the last given, as
+    train.py takes it) x batch_size."""
+    given = re.findall(r"--eval_iters[= ](\d+)", header["train_args"])
+    return int(given[-1] if given else TrainConfig.eval_iters) * header["batch_size"]
 
 
-def plot_results(sweep, rows, runs, path, windows):
+def plot_results(plt, sweep, rows, runs, path, windows):
     """The main table: validation curves (mean over seeds; vanilla bold black with its seeds' range) from the
     first evaluation after the start, a zoom on the last 40% of the run, and the paired differences to vanilla
     with their 2-SE bars; labels grouped and coloured by paper."""
-    plt = import_pyplot()
-    if plt is None:
-        print("note: no matplotlib, so no figure (pip install matplotlib)", file=sys.stderr)
-        return
     models = {label: name for label, name, _ in sweep["points"]}
     colour = colours([row["label"] for row in rows], models, plt)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(18, 7), gridspec_kw={"width_ratios": [3, 2]})
@@ -799,13 +739,9 @@ def plot_results(sweep, rows, runs, path, windows):
     plt.close(fig)
 
 
-def plot_ablation(sweep, rows, runs, xs, configs, path):
+def plot_ablation(plt, sweep, rows, runs, xs, configs, path):
     """An ablation: the final loss (mean ± std over seeds) against the ablation's x, one panel per x-axis, with
     the reference drawn across; its stat (if any) against the same x; the paired Δ panel."""
-    plt = import_pyplot()
-    if plt is None:
-        print("note: no matplotlib, so no figure (pip install matplotlib)", file=sys.stderr)
-        return
     by_label = {row["label"]: row for row in rows}
     axes = list(dict.fromkeys(ax for r in runs for ax, _, _ in xs[r["key"]]))
     if not axes:

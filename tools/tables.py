@@ -15,9 +15,11 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
     sys.exit("tools/tables.py is a library module (the generated tables of the tools); run a script, "
              "e.g. `python train.py --help`")
 
+from common import SIZES
 from plumbing.config import check_record
 from plumbing.errors import ConfigError, printable
 from plumbing.files import read_json, written
+from plumbing.models import load_model_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -56,6 +58,33 @@ def hardware_name(device):
     import platform
     threads = torch.get_num_threads()
     return f"CPU ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
+
+
+def shape_of(args, vocab_size):
+    """The model options of a tool's runs from its --size (small: the model files' own defaults, written out for the
+    record), --block_size and --n_layer."""
+    shape = dict(SIZES.get(args.size, {}), block_size=args.block_size, vocab_size=vocab_size)
+    if args.size == "small":
+        defaults = load_model_module("vanilla").GPTConfig()
+        shape = {k: getattr(defaults, k) for k in ("n_embd", "ffn_hidden", "n_head", "n_layer", "n_kv_head")} | shape
+    return shape | ({"n_layer": args.n_layer} if args.n_layer else {})
+
+
+def chosen(runs, labels):
+    """The set of labels a --runs option names ('' = all of labels); ConfigError naming those not among labels."""
+    wanted = set(runs.split(",")) if runs else set(labels)
+    if wanted - set(labels):
+        raise ConfigError(f"unknown --runs {', '.join(sorted(wanted - set(labels)))}; choose from {', '.join(labels)}")
+    return wanted
+
+
+def spread(r, name, same=True):
+    """A ratio of the row r ('-' where it has none): the median, and its smallest and largest where the row has them
+    (same=False: only where they differ)."""
+    lo, hi = (r or {}).get(f"{name}_min"), (r or {}).get(f"{name}_max")
+    if not r or name not in r:
+        return "-"
+    return f"{r[name]:.2f}" + (f" ({lo:.2f}-{hi:.2f})" if None not in (lo, hi) and (same or lo != hi) else "")
 
 
 def read_results(path, what, fix, record, field, item):
