@@ -414,11 +414,7 @@ def main(argv):
 def prepare(cfg, model_args, module, explicit, proc):
     """Every check, before anything in out_dir is written, and what the run trains: (cfg, model_args, explicit,
     proc, data, the model, its optimiser, meta, the step it starts at); a resumed run's state is restored."""
-    meta = read_meta(cfg.data_dir, cfg.dataset, f" --tokenizer {cfg.tokenizer}" if cfg.tokenizer else "")
-    if cfg.tokenizer and meta["tokenizer"] != cfg.tokenizer:  # a preset's data set made with another tokenizer
-        raise ConfigError(f"{printable(os.path.join(cfg.data_dir, cfg.dataset))} was prepared with the "
-                          f"{meta['tokenizer']} tokenizer and this run asks for {cfg.tokenizer}; run `python prepare.py "
-                          f"{arg('dataset', cfg.dataset)} --tokenizer {cfg.tokenizer}` first, or pass --tokenizer ''")
+    meta = read_meta(cfg.data_dir, cfg.dataset, cfg.tokenizer)  # of the tokenizer a preset asks for
     checks.check_run(cfg)
     if cfg.resume:  # the run saved in out_dir, checked against this command's options and data
         ckpt = checks.read_resume(cfg, model_args, explicit, meta)

@@ -44,7 +44,8 @@ def read_resume(cfg, model_args, explicit, meta):
         raise ConfigError(f"{printable(path)} was trained with --model {ckpt['model_name']}, not {cfg.model}; drop "
                           "--model (a resumed run is the checkpoint's model) or choose another --out_dir")
     saved = ckpt["model_args"]
-    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items() if k in explicit and v != saved.get(k)]
+    differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
+              if k in explicit and v != saved.get(k)]
     if differ:
         raise ConfigError(f"--resume continues the model saved in {printable(path)}, and these options would change "
                           f"it: {', '.join(differ)}; drop them, or start a new run in another --out_dir")

@@ -170,13 +170,19 @@ def prepare_hint(data_dir, dataset, options=""):
             f"text files of your own, run `python prepare.py --files FILE ... {arg('name', dataset)}{out}`")
 
 
-def read_meta(data_dir, dataset, options=""):
-    """meta.json of a prepared data set, checked; ConfigError names the fix (with options: prepare_hint's)."""
-    folder = os.path.join(data_dir, dataset)
+def read_meta(data_dir, dataset, tokenizer=""):
+    """meta.json of a prepared data set, checked, of tokenizer where one is asked for (a preset's); ConfigError names
+    the fix: the prepare command, with the tokenizer."""
+    folder, options = os.path.join(data_dir, dataset), f" --tokenizer {tokenizer}" if tokenizer else ""
     if not all(os.path.exists(os.path.join(folder, f)) for f in ("meta.json", "train.bin")):
         raise ConfigError(f"no prepared data in {printable(folder)} (--data_dir {printable(data_dir)}, --dataset "
                           f"{printable(dataset)}); " + prepare_hint(data_dir, dataset, options))
-    return read_json(os.path.join(folder, "meta.json"), "the data set's meta.json", REDO, Meta)
+    meta = read_json(os.path.join(folder, "meta.json"), "the data set's meta.json", REDO, Meta)
+    if tokenizer and meta["tokenizer"] != tokenizer:
+        raise ConfigError(f"{printable(folder)} was prepared with the {meta['tokenizer']} tokenizer and this run asks "
+                          f"for {tokenizer}; " + (prepare_hint(data_dir, dataset, options) if dataset in DATASETS else
+                                                 f"prepare it again with{options}") + ", or pass --tokenizer ''")
+    return meta
 
 
 def open_split(data_dir, dataset, split, meta, vocab_size, block_size=0):
@@ -239,12 +245,17 @@ class RunShape:
     tokens_per_step: int = option(None, "tokens per optimiser step", min=1)
 
 
+def perhaps(folder):
+    """" (perhaps --out_dir FOLDER, which holds ckpt.pt)" where it does, else "": a hint that works when followed."""
+    there = os.path.isfile(os.path.join(folder, "ckpt.pt"))
+    return f" (perhaps {arg('out_dir', folder)}, which holds ckpt.pt)" if there else ""
+
+
 def checkpoint_path(out_dir):
     """The checkpoint file of --out_dir: a run folder's ckpt.pt, or a .pt file itself."""
-    if os.path.isfile(out_dir) and not out_dir.endswith(".pt"):  # its folder is named only where it holds a run
-        there = os.path.isfile(os.path.join(os.path.dirname(out_dir) or ".", "ckpt.pt"))
+    if os.path.isfile(out_dir) and not out_dir.endswith(".pt"):
         raise ConfigError(f"--out_dir {printable(out_dir)} is a file, not a run folder or a .pt checkpoint; pass the "
-                          f"run folder that holds ckpt.pt{' (perhaps ' + arg('out_dir', os.path.dirname(out_dir) or '.') + ', which holds one)' if there else ''}")
+                          f"run folder that holds ckpt.pt{perhaps(os.path.dirname(out_dir) or '.')}")
     return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
 
 
@@ -268,8 +279,8 @@ def read_checkpoint(path, keys=(), mmap=False):
         os.stat(path)  # (any other OSError, a link that loops, is the boundary's to say)
     except FileNotFoundError:
         folder = os.path.dirname(path) or "."
-        hint = missing_run_hint(folder) if os.path.basename(path) == "ckpt.pt" else "pass an existing .pt file or a " \
-            f"run folder{' (perhaps ' + arg('out_dir', folder) + ', which holds ckpt.pt)' if os.path.isfile(os.path.join(folder, 'ckpt.pt')) else ''}"
+        hint = missing_run_hint(folder) if os.path.basename(path) == "ckpt.pt" else \
+            f"pass an existing .pt file or a run folder{perhaps(folder)}"
         raise ConfigError(f"no checkpoint at {printable(path)}; {hint}")
     regular_file(path, "the checkpoint", "pass a run folder that holds train.py's ckpt.pt")
     with handling(path, f"the file is truncated, empty or not a checkpoint; {fix}"):

@@ -291,3 +291,5 @@ def test_help_has_one_options_heading_and_shows_an_empty_choice(capsys):
         assert code == 0 and out.count("\noptions:\n") == 1, (script, out)
     code, out, _ = run_script("train.py", ["--help"], capsys)
     assert code == 0 and "(choices: '', 50m, 100m, 300m)" in " ".join(out.split())
+    code, out, _ = run_script("sample.py", ["--help"], capsys)  # a blank default shown as it is, not as nothing
+    assert code == 0 and "(default: '\\n')" in " ".join(out.split()), out

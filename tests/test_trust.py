@@ -292,7 +292,7 @@ def test_a_file_as_the_run_folder_names_a_folder_only_where_it_holds_a_checkpoin
     assert_one_error_line(code, err, "is a file, not a run folder")
     assert "perhaps" not in err  # tmp_path holds no checkpoint: no folder is suggested
     code, _, err = run_script("sample.py", ["--out_dir", run / "log.jsonl"], capsys)
-    assert_one_error_line(code, err, f"(perhaps --out_dir {run}, which holds one)")
+    assert_one_error_line(code, err, f"(perhaps --out_dir {run}, which holds ckpt.pt)")
     code, out, err = run_script("sample.py", ["--out_dir", run, "--num_samples=1", "--max_new_tokens=2"], capsys)
     assert code == 0 and out, err  # followed, the hint works
 
