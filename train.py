@@ -458,7 +458,8 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
         first_loss = raw_model(*batch)[1].item()
     raw_model.train()
     if not math.isfinite(first_loss):
-        raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, None, proc.dtype)
+        raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, saved_step,
+                       proc.dtype)
 
     # ---- the run: from here on it may write to out_dir
     if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:  # a short run: its schedule never reaches the cosine

@@ -174,7 +174,8 @@ def diverged(what, value, step, cfg, model_args, explicit, saved_step, dtype):
     another dtype), and what is kept."""
     values = {**vars(cfg), **model_args}
     changed = [f"--{k} {values[k]}" for k in sorted(explicit) if k in values and k not in
-               ("out_dir", "data_dir", "dataset", "max_iters", "resume", "device", "eval_interval", "log_interval")]
+               ("model", "out_dir", "data_dir", "dataset", "max_iters", "resume", "device", "eval_interval",
+                "log_interval")]
     return RunError(f"the {what} is {value} at step {step}: training diverged; check the options of this run "
                     f"({', '.join(changed) or 'the defaults'}: a learning rate, weight decay or model setting out of "
                     f"range){'' if dtype == 'float32' else ' or use --dtype float32'}; {kept(saved_step, cfg.out_dir)}")
