@@ -143,9 +143,11 @@ def main_boundary(main, memory_fix="use a smaller batch or model, or a device wi
             raise
         if torch.distributed.is_initialized() and not isinstance(e, PeerLost):
             torch.distributed.destroy_process_group()
-        fail(os_error_line(e) if isinstance(e, OSError) else f"out of memory: an allocation{size} failed; "
-             f"{memory_fix}" if size is not None else f"{e}; {memory_fix}" if isinstance(e, OutOfMemory) else str(e),
-             every_rank=isinstance(e, PeerLost))
+        if isinstance(e, OSError):
+            fail(os_error_line(e))
+        if size is not None and not isinstance(e, (ConfigError, RunError)):
+            fail(f"out of memory: an allocation{size} failed; {memory_fix}")
+        fail(f"{e}; {memory_fix}" if isinstance(e, OutOfMemory) else str(e), every_rank=isinstance(e, PeerLost))
 
 
 # ---- a training run that stops: the one line it ends in, and what it keeps

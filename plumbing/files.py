@@ -50,8 +50,9 @@ def output_file(path, what, fix):
 def written(path, mode="w"):
     """A file whose content replaces path, whole or not at all: a temporary file beside it, renamed at the end."""
     tmp = f"{path}.tmp-{os.getpid()}"
+    f = open(tmp, mode.replace("w", "x"))  # x: made anew (O_EXCL); whatever is in the way is neither opened nor removed
     try:
-        with open(tmp, mode.replace("w", "x")) as f:  # x: made anew (O_EXCL), so nothing in the way is opened
+        with f:
             yield f
         os.replace(tmp, path)
     finally:
