@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from common import get_tokenizer, need
 from plumbing.config import option
-from plumbing.errors import ConfigError, main_boundary
+from plumbing.errors import ConfigError, main_boundary, naming
 from plumbing.files import DATASETS, WEB_DATASETS, regular_file, to_json
 from plumbing.models import load_model_module
 from plumbing.options import check_output, parse_simple
@@ -247,14 +247,15 @@ def main(argv=None):
     tmp = out.parent / f".{name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
     try:
-        counts = write_splits(args, docs, name, dataset, dtype, tmp / "train.bin", tmp / "val.bin")
-        meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
-                "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
-        (tmp / "meta.json").write_text(to_json(meta, indent=2) + "\n")
-        for f in FILES:  # on disk before the swap: a crash of the machine after it finds them whole
-            with open(tmp / f, "rb+") as fh:
-                os.fsync(fh.fileno())
-        replace_folder(tmp, out)
+        with naming(out):  # a write that fails names the data set, not its temporary folder
+            counts = write_splits(args, docs, name, dataset, dtype, tmp / "train.bin", tmp / "val.bin")
+            meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
+                    "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
+            (tmp / "meta.json").write_text(to_json(meta, indent=2) + "\n")
+            for f in FILES:  # on disk before the swap: a crash of the machine after it finds them whole
+                with open(tmp / f, "rb+") as fh:
+                    os.fsync(fh.fileno())
+            replace_folder(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -29,8 +29,8 @@ from hf import convert
 from plumbing import checks
 from plumbing.config import option
 from plumbing.console import Console
-from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, note, printable,
-                             stopped)
+from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, naming, note,
+                             printable, stopped)
 from plumbing.files import open_split, read_checkpoint, read_meta, save_checkpoint, to_json
 from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
@@ -301,7 +301,7 @@ class Log:
 
     def write(self, record, show=False):
         if self.master:
-            with open(self.path, "a") as f:
+            with naming(self.path), open(self.path, "a") as f:
                 f.write(to_json(record) + "\n")
             self.console.record(record, line=show)
 

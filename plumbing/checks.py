@@ -17,7 +17,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "script, e.g. `python train.py --help`")
 
 from plumbing.config import check_record
-from plumbing.errors import ConfigError, arg, note, printable
+from plumbing.errors import ConfigError, arg, naming, note, printable
 from plumbing.files import output_file, parse_json, read_checkpoint, written
 
 RUN_FILES = ("ckpt.pt", "log.jsonl", "log.superseded.jsonl")  # what a run writes in its folder
@@ -119,7 +119,8 @@ def settle_log(out_dir, resume_step):
                 kept = False
             (keep if kept else move).append(line if line.endswith(b"\n") else line + b"\n")
     if move:
-        with open(os.path.join(out_dir, "log.superseded.jsonl"), "ab") as f:  # a regular file (check_run)
+        superseded = os.path.join(out_dir, "log.superseded.jsonl")
+        with naming(superseded), open(superseded, "ab") as f:  # a regular file (check_run)
             f.writelines(move)
     with written(log_path, "wb") as f:
         f.writelines(keep)

@@ -93,6 +93,17 @@ def os_error_line(e, path=None, fix=None):
 
 
 @contextlib.contextmanager
+def naming(path):
+    """An OSError in the block that names no file (a write to an open file, its close) names path: the file the
+    user knows, where the block writes a temporary one."""
+    try:
+        yield
+    except OSError as e:
+        e.filename = e.filename or os.fsdecode(path)
+        raise
+
+
+@contextlib.contextmanager
 def handling(path, fix, os_fix=None):
     """A block that hands the file at path to a library (torch.load, load_state_dict, safetensors, json): what it
     raises on a bad file ends in one ConfigError naming path and fix, an OSError in one with os_fix. Keep the block

@@ -23,7 +23,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "script, e.g. `python train.py --help`")
 
 from plumbing.config import check_record, option
-from plumbing.errors import ConfigError, arg, handling, printable, script_command
+from plumbing.errors import ConfigError, arg, handling, naming, printable, script_command
 
 FILE_BYTES = 256 << 20  # the most bytes a script reads whole: a file of text, JSON or a preset (the rest is mapped)
 JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
@@ -48,11 +48,12 @@ def output_file(path, what, fix):
 
 @contextlib.contextmanager
 def written(path, mode="w"):
-    """A file whose content replaces path, whole or not at all: a temporary file beside it, renamed at the end."""
+    """A file whose content replaces path, whole or not at all: a temporary file beside it, renamed at the end; a write
+    that fails names path."""
     tmp = f"{path}.tmp-{os.getpid()}"
     f = open(tmp, mode.replace("w", "x"))  # x: made anew (O_EXCL); whatever is in the way is neither opened nor removed
     try:
-        with f:
+        with naming(path), f:
             yield f
         os.replace(tmp, path)
     finally:
@@ -317,8 +318,7 @@ def save_checkpoint(path, ckpt):
     with written(path, "wb") as f:
         try:
             torch.save(ckpt, f)
-        except (RuntimeError, OSError) as e:  # torch's zip writer wraps the OSError of a write that failed
-            failed = e if isinstance(e, OSError) else e.__context__
-            if not isinstance(failed, OSError):
+        except RuntimeError as e:  # torch's zip writer wraps the OSError of a write that failed: raise that one
+            if not isinstance(e.__context__, OSError):
                 raise
-            raise OSError(failed.errno, failed.strerror, path) from e  # the boundary's line names the checkpoint
+            raise e.__context__ from e
