@@ -26,6 +26,7 @@ a module of analysis/):
     python eval.py --wiring --plot_path docs/wiring.png
     python eval.py --out_dir out/vertical --loss=false --mc hellaswag_val.jsonl --k_shot 4
 """
+import json
 import math
 import os
 import sys
@@ -46,7 +47,7 @@ from analysis.wiring import draw_wiring
 from common import DTYPES, autocast, describe_run, get_tokenizer, model_from_checkpoint, resolve_device, resolve_dtype
 from plumbing.config import option
 from plumbing.errors import ConfigError, main_boundary
-from plumbing.files import has_nonfinite, open_split, read_meta, to_json
+from plumbing.files import open_split, read_meta, to_json
 from plumbing.options import check_output, parse_simple
 
 
@@ -223,7 +224,7 @@ def report(result, model, args):
     if args.json:
         if result.get("depth_map_uniform"):
             print(uniform_note(result), file=sys.stderr)
-        if has_nonfinite(result):
+        if to_json(result) != json.dumps(result):  # a number that is not finite, which to_json writes as null
             print(f"note: {result['out_dir']}: values that are not finite numbers are written as null", file=sys.stderr)
         print(to_json(result), flush=True)
         return

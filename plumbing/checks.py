@@ -18,7 +18,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
 
 from plumbing.config import check_record
 from plumbing.errors import ConfigError, arg, naming, note, printable
-from plumbing.files import output_file, parse_json, read_checkpoint, written
+from plumbing.files import parse_json, read_checkpoint, regular_file, written
 
 RUN_FILES = ("ckpt.pt", "log.jsonl", "log.superseded.jsonl")  # what a run writes in its folder
 # what a resumed run may change of the saved run, said in a note: its data, optimiser, schedule, seed, dtype
@@ -31,7 +31,7 @@ def check_run(cfg):
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb_log needs the wandb package; `pip install wandb` or drop the option")
     for name in RUN_FILES:
-        output_file(os.path.join(cfg.out_dir, name), "the run's file", "move it away")
+        regular_file(os.path.join(cfg.out_dir, name), "the run's file", "move it away", output=True)
     if not cfg.resume and os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")):
         raise ConfigError(f"{printable(cfg.out_dir)} already holds a checkpoint; pass --resume to continue it or "
                           "choose another --out_dir")

@@ -1,9 +1,8 @@
 """
 Plumbing a learner may skip: the one error boundary of every script. main_boundary() runs a script's main() and turns
-every failure from outside the code into one `error: ...` line naming the file or the step and the fix, exit code 1:
-a mistake in the input (ConfigError), a run that stopped (RunError), any OSError whatever its errno, what a library
-raises on a bad file (in a `handling(path, fix)` block), memory that cannot be allocated, Ctrl-C. A closed pipe
-(`python sample.py | head`) ends quietly, as cat does. Anything else keeps its traceback: a bug to fix.
+every failure from outside the code into one `error: ...` line naming the file or the step and the fix: a mistake in
+the input (ConfigError), a run that stopped (RunError), any OSError, what a library raises on a bad file (handling()),
+memory that cannot be allocated, Ctrl-C. A closed pipe ends quietly, as cat does; anything else is a bug: a traceback.
 """
 import contextlib
 import errno
@@ -16,8 +15,7 @@ import sys
 import torch
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/errors.py is a library module (the one error boundary of every script); run a script, "
-             "e.g. `python train.py --help`")
+    sys.exit("plumbing/errors.py is a library module (every script's error boundary); run `python train.py --help`")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -128,12 +126,11 @@ def allocation_failure(error):
     if not (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or isinstance(error, RuntimeError) and (
             "can't allocate memory" in text or "out of memory" in text)):
         return None
-    asked = re.search(r"(?:tried to allocate|Tried to allocate) (\d+) bytes", text)
-    if asked:
-        n = int(asked.group(1))
-        return f" of {n / 2**30:.1f} GiB" if n >= 2**30 else f" of {n / 2**20:.0f} MiB"
-    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
-    return f" of {asked.group(1)}" if asked else ""
+    asked = re.search(r"[Tt]ried to allocate (?:(\d+) bytes|([\d.]+ [KMGT]i?B))", text)
+    n, size = asked.groups() if asked else (None, None)
+    if n:
+        return f" of {int(n) / 2**30:.1f} GiB" if int(n) >= 2**30 else f" of {int(n) / 2**20:.0f} MiB"
+    return f" of {size}" if size else ""
 
 
 def main_boundary(main, memory_fix="use a smaller batch or model, or a device with more memory"):

@@ -1,7 +1,7 @@
 """
 Plumbing a learner may skip: the readers and writers of the scripts' files. A file is opened only once it is a regular
-file (opening a FIFO can wait forever), read whole and bounded (JSON strict, at most JSON_DEPTH deep), its fields held
-to their declarations below (plumbing/config.py), and written whole or not at all; the rest is the boundary's.
+file (opening a FIFO can wait forever), read whole and bounded (JSON strict), its fields held to their declarations
+below (plumbing/config.py), and written whole or not at all; the rest is the boundary's.
 """
 import contextlib
 import dataclasses
@@ -26,7 +26,6 @@ from plumbing.config import check_record, option
 from plumbing.errors import ConfigError, arg, handling, naming, printable, script_command
 
 FILE_BYTES = 256 << 20  # the most bytes a script reads whole: a file of text, JSON or a preset (the rest is mapped)
-JSON_DEPTH = 64  # the deepest nesting of a JSON value the scripts read (theirs is 5 deep at most)
 
 
 def regular_file(path, what, fix, output=False):
@@ -40,10 +39,6 @@ def regular_file(path, what, fix, output=False):
                 "is not a regular file (a FIFO, a socket or a device)")
         raise ConfigError(f"{what} {printable(path)} {kind}{', where a file is written' if output else ''}; {fix}")
     return path
-
-
-def output_file(path, what, fix):
-    return regular_file(path, what, fix, output=True)
 
 
 @contextlib.contextmanager
@@ -80,18 +75,11 @@ def _not_json(name):
 
 
 def parse_json(text):
-    """json.loads, strict (no NaN or Infinity) and bounded: at most JSON_DEPTH deep (readers recurse into it)."""
-    deep = ValueError(f"nested more than {JSON_DEPTH} deep")
+    """json.loads, strict: no NaN or Infinity; a value nested deeper than its parser recurses is a ValueError too."""
     try:
-        value = json.loads(text, parse_constant=_not_json)
-    except RecursionError:  # far deeper: the parser itself recursed
-        raise deep from None
-    items = [value]
-    for _ in range(JSON_DEPTH):  # a level at a time: no recursion
-        items = [v for i in items for v in (i.values() if isinstance(i, dict) else i if isinstance(i, list) else ())]
-    if items:
-        raise deep
-    return value
+        return json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def read_json(path, what, fix, record=None):
@@ -113,11 +101,6 @@ def read_object(path, what, fix):
 def to_json(value, **kwargs):
     """Strict JSON, which every tool reads: a number that is not finite is written as null."""
     return json.dumps(json.loads(json.dumps(value), parse_constant=lambda name: None), allow_nan=False, **kwargs)
-
-
-def has_nonfinite(value):
-    """Whether value holds a number that is not finite (which to_json() writes as null)."""
-    return to_json(value) != json.dumps(value)
 
 
 def write_json(path, value):

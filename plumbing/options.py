@@ -15,7 +15,7 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
 
 from plumbing.config import OptionError, check_config, make_config
 from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
-from plumbing.files import output_file, read_meta, read_text
+from plumbing.files import read_meta, read_text, regular_file
 from plumbing.models import load_model_module, model_names
 
 PRESET_BYTES, PRESET_DEPTH, PRESET_INT_BITS = 1_000_000, 16, 64  # a preset's size, its base chain, its integers
@@ -201,7 +201,7 @@ def check_output(name, path, kind):
     work that a failed write at its end would waste."""
     check_name(name, path)
     if kind == "file":  # a folder is refused, and a FIFO, which opening would wait on
-        output_file(path, name, "name a file")
+        regular_file(path, name, "name a file", output=True)
     elif os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{name} {path} is a file, and the script writes a folder there; choose another {name}")
     folder = path if kind == "folder" else os.path.dirname(path) or "."

@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 
 from plumbing.config import option
 from plumbing.errors import ConfigError, RunError, main_boundary, printable
-from plumbing.files import output_file
+from plumbing.files import regular_file
 from plumbing.options import check_output, parse_simple, without
 from tools.bench import read_bench
 from tools.tables import hardware_name, spread, update_readme
@@ -143,9 +143,9 @@ def first_jobs(todo, args):
 
 def run_logged(name, argv, logs):
     """(name, argv, exit code, seconds, log file) of a script run in its own process, its output in logs/<name>.log."""
-    log = output_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away")
+    log = regular_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away", output=True)
     t0 = time.perf_counter()
-    with open(log, "w") as f:  # a regular file or none (output_file): opening it waits for nothing
+    with open(log, "w") as f:  # a regular file or none (regular_file): opening it waits for nothing
         code = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     return name, argv, code, time.perf_counter() - t0, log
 

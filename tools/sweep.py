@@ -45,7 +45,7 @@ from analysis.figures import import_pyplot, save_png
 from common import DTYPES, SIZES, autocast, model_from_checkpoint
 from plumbing.config import check_record, option
 from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, printable
-from plumbing.files import (LogRecord, open_split, output_file, parse_json, read_checkpoint, read_meta, read_text,
+from plumbing.files import (LogRecord, open_split, parse_json, read_checkpoint, read_meta, read_text, regular_file,
                             write_json, written)
 from plumbing.models import load_model_module
 from plumbing.options import parse_model_options, parse_simple, without
@@ -212,7 +212,8 @@ def main(argv):
         s["points"] = [p for p in s["points"] if p[0] in wanted or p[0] in s["always"]]
         s["plan"] = plan(s, shape, args, device.type, dtype, meta)
         for name in ("results.json", "RESULTS.md", s["figure"]):  # before any run: what each sweep writes
-            output_file(os.path.join(s["results"], name), "the sweep's", "move it away or choose another --results")
+            regular_file(os.path.join(s["results"], name), "the sweep's", "move it away or choose another --results",
+                         output=True)
     check_train_options(sweeps, shape, args)
     seeds = [args.seed + i for i in range(args.seeds)]
     header = {"hardware": hardware_name(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
