@@ -8,10 +8,9 @@ The one trainer for every model file.
 
 `--model NAME` loads model_NAME.py, and every field of its GPTConfig is an option too (`--model NAME --help` lists
 them); leading arguments are preset files (config/*.py). As in nanoGPT, --gradient_accumulation_steps is the total
-per optimiser step, shared by the processes. A run is a transaction: out_dir is taken (locked) first, every check
-passes (one forward pass included) before anything is written there, and log.jsonl is append-only (a resumed run
-moves the records after its checkpoint to log.superseded.jsonl). This file reads top to bottom; every decision of a
-run is a line here, and the checks and one-line errors are in plumbing/, which a learner may skip.
+per optimiser step, shared by the processes. A run is a transaction: out_dir is locked first, every check passes (a
+forward pass too) before anything is written there, and log.jsonl is append-only. Every decision of a run is a line
+of this file, read top to bottom; the checks and one-line errors are in plumbing/.
 """
 import dataclasses
 import math
@@ -19,7 +18,6 @@ import os
 import signal
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,25 +34,22 @@ from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainConfig:
     # I/O
     model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
     out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True, out="folder")
     resume: bool = option(False, "continue the run saved in out_dir")
-    size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model file's defaults",
-                       choices=("", *SIZES))
+    size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model's", choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
     tokenizer: str = option("", "the tokenizer the data set must be prepared with (a preset's); '' = any")
-    init_from: str = option("", "a Hugging Face Llama or Qwen3 folder (config.json, safetensors): its architecture "
-                            "and the weights of the shared components (hf/convert.py); '' = none; ignored with "
-                            "--resume", path=True)
+    init_from: str = option("", "a Hugging Face Llama or Qwen3 folder: its architecture and the weights of the shared "
+                            "components (hf/convert.py); '' = none; ignored with --resume", path=True)
     data_dir: str = option("data", "the folder of prepared data sets", path=True)
     # optimisation
     max_iters: int = option(1000, "optimiser steps in all", min=0)
     batch_size: int = option(16, "sequences per micro-step per process", min=1)
-    gradient_accumulation_steps: int = option(None, "micro-steps per optimiser step, all processes; default 1 each",
-                                              min=1)
+    gradient_accumulation_steps: int = option(None, "micro-steps per optimiser step in all; None: 1 per process", min=1)
     learning_rate: float = option(1e-3, "peak AdamW learning rate", above=0)
     weight_decay: float = option(0.1, "AdamW weight decay of matrices and embeddings", min=0)
     beta1: float = option(0.9, "AdamW beta1", min=0, below=1)
@@ -103,11 +98,10 @@ def parse_args(argv):
 
 # ---- the data: random windows of block_size + 1 tokens from data/<dataset>/{train,val}.bin
 
+@dataclasses.dataclass
 class Data:
     """The prepared data set's two splits, memory-mapped once per run, and the batches read from them."""
-
-    def __init__(self, splits):
-        self.splits = splits  # {"train": memmap, "val": memmap}, checked (plumbing/files.py's open_split)
+    splits: dict  # {"train": memmap, "val": memmap}, checked (plumbing/files.py's open_split)
 
     def batch(self, split, offsets, T, device):
         """(x, y) on device, each (len(offsets), T): the windows of T + 1 tokens that start at offsets, as inputs and
@@ -165,7 +159,7 @@ def lr_factor(it, cfg):
 
 # ---- the processes: one, or one per GPU under torchrun, each with its own share of the micro-steps; DDP
 
-@dataclass
+@dataclasses.dataclass
 class Process:
     """This process: one, or one of torchrun's world; accum is its own share of the micro-steps."""
     world: int
@@ -173,9 +167,7 @@ class Process:
     accum: int
     device: torch.device
     dtype: str
-
-    def __post_init__(self):
-        self.ctx = autocast(self.device, self.dtype)  # made once: a step enters it again and again
+    ctx: object  # autocast to dtype, made once: a step enters it again and again
 
 
 def this_process(cfg):
@@ -189,7 +181,8 @@ def this_process(cfg):
     device = resolve_device(cfg.device)
     if device.type == "cuda" and world > 1:  # one GPU per process
         device = resolve_device(f"cuda:{local_rank}")
-    return Process(world, rank, accum // world, device, resolve_dtype(cfg.dtype, device))
+    dtype = resolve_dtype(cfg.dtype, device)
+    return Process(world, rank, accum // world, device, dtype, autocast(device, dtype))
 
 
 def wrap(raw_model, cfg, proc):
@@ -206,9 +199,8 @@ def wrap(raw_model, cfg, proc):
 # ---- one optimiser step, and evaluation
 
 def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
-    """Step iter_num: accum micro-steps per process, starting from `batch`, gradients all-reduced on the last one;
-    the next batch is read while the device runs the forward (nanoGPT's order). Returns the step's mean loss (a
-    tensor: reading it would synchronise the GPU) and the next step's first batch."""
+    """Step iter_num: accum micro-steps from `batch`, gradients all-reduced on the last, the next batch read while the
+    device runs the forward (nanoGPT's order); (the mean loss, a tensor: reading it syncs the GPU; the next batch)."""
     for g in optimizer.param_groups:
         g["lr"] = g["base_lr"] * lr_factor(iter_num, cfg)
     step_loss = torch.zeros((), device=proc.device)
@@ -305,15 +297,11 @@ class Log:
                 f.write(to_json(record) + "\n")
             self.console.record(record, line=show)
 
-    def close(self):
-        self.console.close()
-
 
 # ---- what a resumed run keeps (checked in plumbing/checks.py first)
 
 def resumed(cfg, proc, explicit, ckpt, T):
-    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one, with a note of what it keeps
-    against its options and of what its options change."""
+    """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one; notes say what it keeps."""
     saved, run, step = ckpt.get("train_config") or {}, ckpt.get("run") or {}, ckpt["iter_num"]
     # the schedule's horizon once its cosine has begun: with --lr_decay_iters 0 it would follow a new --max_iters,
     # and the decayed learning rate would jump (a run saved in its warm-up takes the new one: it did not decay yet)
@@ -345,8 +333,7 @@ def resumed(cfg, proc, explicit, ckpt, T):
 
 
 def next_steps(cfg, step, val_loss):
-    """One line: the checkpoint the run wrote, its validation loss, and the commands that sample from it and evaluate
-    it, and how to train it on."""
+    """One line: the checkpoint the run wrote, its validation loss, and the commands that sample, evaluate, go on."""
     out = arg("out_dir", cfg.out_dir)
     return (f"done: {printable(os.path.join(cfg.out_dir, 'ckpt.pt'))} holds step {step} (best val loss "
             f"{val_loss:.4f}); sample from it: `python sample.py {out}`; evaluate it: `python eval.py {out}`; to "
@@ -360,16 +347,14 @@ def rng_states(device, world):
     masks differ by rank, and a resumed run gives each rank its own state back."""
     state = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda"
                                                 else {})}
-    states = [state]
+    states = [state] * world
     if world > 1:
-        states = [None] * world
         torch.distributed.all_gather_object(states, state)
     return {k: [s[k] for s in states] for k in state}
 
 
 def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc):
-    """The checkpoint of step iter_num (rank 0 writes it, whole or not at all; the random states of every rank go
-    in it)."""
+    """The checkpoint of step iter_num, with the random states of every rank: rank 0 writes it, whole or not at all."""
     rng = rng_states(proc.device, proc.world)  # collective under DDP
     if proc.rank == 0:
         save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
@@ -403,8 +388,7 @@ def restore(raw_model, optimizer, ckpt, cfg, proc):
 def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
-    # the run folder, taken before the checks that decide what the run does and held to its end: a second run in it,
-    # new or resumed, is refused (rank 0 takes it for every process of a torchrun run)
+    # the run folder, taken before the checks and held to the end: a second run in it, new or resumed, is refused
     with checks.run_folder(cfg.out_dir, take=proc.rank == 0):
         run(*prepare(cfg, model_args, module, explicit, proc))
     if proc.world > 1:
@@ -416,11 +400,9 @@ def prepare(cfg, model_args, module, explicit, proc):
     proc, data, the model, its optimiser, meta, the step it starts at); a resumed run's state is restored."""
     meta = read_meta(cfg.data_dir, cfg.dataset, cfg.tokenizer)  # of the tokenizer a preset asks for
     checks.check_run(cfg)
-    if cfg.resume:  # the run saved in out_dir, checked against this command's options and data
+    if cfg.resume:  # the run saved in out_dir, checked against this command's options and data; its architecture
         ckpt = checks.read_resume(cfg, model_args, explicit, meta)
-        saved = check_model_args(module, ckpt["model_args"], f"the model_args of {cfg.out_dir}")
-        model_args = dataclasses.asdict(saved)
-        # (the architecture is the checkpoint's)
+        model_args = dataclasses.asdict(check_model_args(module, ckpt["model_args"], f"{cfg.out_dir}'s model_args"))
         cfg, proc.accum, tokens_seen = resumed(cfg, proc, explicit, ckpt, model_args["block_size"])
     else:
         ckpt, tokens_seen = None, 0
@@ -506,7 +488,7 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
     except (KeyboardInterrupt, RuntimeError, OSError) as e:
         raise stopped(e, iter_num, saved_step, cfg, proc)
     finally:
-        log.close()  # the bar first: the lines below are not drawn into it
+        log.console.close()  # the bar first: the lines below are not drawn into it
         for s, handler in handlers.items():
             signal.signal(s, handler)
     if proc.rank == 0:  # the run's last line: where it is, and what to run next

@@ -13,8 +13,7 @@ import sys
 import types
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/checks.py is a library module (train.py's checks before a run); run a "
-             "script, e.g. `python train.py --help`")
+    sys.exit("plumbing/checks.py is a library module (train.py's checks before a run); run `python train.py --help`")
 
 from plumbing.config import check_record
 from plumbing.errors import ConfigError, arg, naming, note, printable

@@ -7,7 +7,7 @@ import math
 import sys
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/config.py is a library module (every option's rules); run a script: `python train.py --help`")
+    sys.exit("plumbing/config.py is a library module (every option's rules); run `python train.py --help`")
 
 
 def option(default, doc, **rules):

@@ -8,8 +8,7 @@ import re
 import sys
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/console.py is a library module (what train.py shows while it trains); run a script, "
-             "e.g. `python train.py --help`")
+    sys.exit("plumbing/console.py is a library module (what train.py shows); run `python train.py --help`")
 
 
 class Console:

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/files.py is a library module (the readers and writers of every file the scripts use); run a "
-             "script, e.g. `python train.py --help`")
+    sys.exit("plumbing/files.py is a library module (every file's readers and writers); run `python train.py --help`")
 
 from plumbing.config import check_record, option
 from plumbing.errors import ConfigError, arg, handling, naming, printable, script_command

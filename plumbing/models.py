@@ -9,8 +9,7 @@ import os
 import sys
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/models.py is a library module (the model files, and a model built from its options); run a "
-             "script, e.g. `python train.py --help`")
+    sys.exit("plumbing/models.py is a library module (the model files); run `python train.py --help`")
 
 from plumbing.config import make_config
 from plumbing.errors import ConfigError

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
-    sys.exit("plumbing/options.py is a library module (every script's options); run a script: `python train.py --help`")
+    sys.exit("plumbing/options.py is a library module (every script's options); run `python train.py --help`")
 
 from plumbing.config import OptionError, check_config, make_config
 from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
