@@ -48,7 +48,7 @@ from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, p
 from plumbing.files import (LogRecord, open_split, parse_json, read_checkpoint, read_meta, read_text, regular_file,
                             write_json, written)
 from plumbing.models import load_model_module
-from plumbing.options import parse_model_options, parse_simple, without
+from plumbing.options import explicit_options, parse_model_options, parse_simple, without
 from tools.bench import RUNS
 from tools.tables import chosen, each, hardware_name, number, read_results, shape_of, update_readme
 from eval import evaluate_split
@@ -76,8 +76,7 @@ GATE_GAMMA = 1e-2  # skipmiddle's controller step for its ablation (the paper's 
 
 
 def skipmiddle_x(config, stats):
-    """Estimated forward FLOPs per token (the paper's Figure 2): the model's dense count times its gates'
-    est_flops_ratio (1 for a dense model), in MFLOPs."""
+    """Estimated forward FLOPs per token (the paper's Figure 2), in millions."""
     with torch.device("meta"):  # the count reads only the config and the number of gates
         model = load_model_module("skipmiddle").GPT(config)
     dense = model.estimated_flops(torch.zeros(config.n_layer))[1]
@@ -152,7 +151,6 @@ ABLATIONS = {
                [("full", "attnres", dict(attn_res="full"))],  # 4 blocks and full: the main table's runs
         x=attnres_x, xscale="linear", stats=r"entropy$"),
 }
-MAIN_STATS = r"flops|entropy$"  # the stats() the main table shows
 
 
 @dataclass
@@ -179,8 +177,7 @@ class SweepConfig:
     eval_batch_size: int = option(16, "windows per forward of the final evaluation", min=1)
     results: str = option("results", "folder of the main table's results.json, RESULTS.md and curves.png; "
                           "ablations write to its ablations/NAME/", path=True, out="folder")
-    runs_dir: str = option("out/sweep", "folder of the runs' checkpoints and logs", path=True,
-                          out="folder")
+    runs_dir: str = option("out/sweep", "folder of the runs' checkpoints and logs", path=True, out="folder")
     reuse: str = option("results/results.json", "comma-separated results.json files whose runs of the same key are "
                         "copied in, not trained again; '' = none", path=True)
     max_runs: int = option(0, "stop after this many newly trained runs; 0 = all", min=0)
@@ -215,11 +212,10 @@ def main(argv):
             regular_file(os.path.join(s["results"], name), "the sweep's", "move it away or choose another --results",
                          output=True)
     check_train_options(sweeps, shape, args)
-    seeds = [args.seed + i for i in range(args.seeds)]
     header = {"hardware": hardware_name(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
-              "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size,
-              "train_iters": args.train_iters, "seeds": seeds, "train_args": args.train_args}
-    return run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv)
+              "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size, "train_iters": args.train_iters,
+              "seeds": [args.seed + i for i in range(args.seeds)], "train_args": args.train_args}
+    return run_sweeps(sweeps, header, args, device, meta, argv)
 
 
 def device_and_dtype(args):
@@ -240,7 +236,7 @@ def model_shape(args, meta):
 
 def main_sweep(args):
     return dict(name="", results=args.results, points=RUNS, always={"vanilla"}, figure="curves.png",
-                reference="vanilla", stats=MAIN_STATS)
+                reference="vanilla", stats=r"flops|entropy$")  # the stats() the main table shows
 
 
 def ablation_sweep(name, args):
@@ -264,7 +260,7 @@ def check_train_args(train_args, shape):
         words = shlex.split(train_args)
     except ValueError as e:
         raise ConfigError(f"--train_args {train_args!r}: {e}")
-    owned = {w.split("=")[0][2:] for w in words if w.startswith("--")} & {*OWNED, *shape}
+    owned = explicit_options(words) & {*OWNED, *shape}
     if owned:
         raise ConfigError(f"--train_args sets {', '.join('--' + o for o in sorted(owned))}, which the sweep sets for "
                           "every run; use python -m tools.sweep's own options (--seed, --seeds, --size, --n_layer, --block_size, "
@@ -312,20 +308,21 @@ def plan(sweep, shape, args, device, dtype, meta):
             for seed in (args.seed + i for i in range(args.seeds))}
 
 
-def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
+def run_sweeps(sweeps, header, args, device, meta, argv):
     """Train what the sweeps' results do not hold, seed by seed and sweep by sweep within a seed (so that paired
     differences come early and every sweep gets its first seed first). After every run, rewrite that sweep's
     results.json and table; after each seed of a sweep, its figure. Returns the last sweep's summary rows."""
     known = {}  # every run on record by key: --reuse files, then each sweep's own results.json
     for path in [p for p in args.reuse.split(",") if p] + [os.path.join(s["results"], "results.json") for s in sweeps]:
         known.update(saved_runs(path))
-    ctx = autocast(device, dtype)
+    ctx = autocast(device, header["dtype"])
     trained, stopped, stale = 0, False, {s["results"] for s in sweeps}  # stale: figures to redraw
-    for seed in seeds:
+    for seed in header["seeds"]:
         for s in sweeps:
             new = False
             for label, options, key in s["plan"][seed]:
-                if key in saved_runs(os.path.join(s["results"], "results.json")):
+                saved = saved_runs(os.path.join(s["results"], "results.json"))
+                if key in saved:
                     continue
                 if key in known:  # the same run in another results.json: copied under this sweep's label
                     record = {**known[key], "label": label, "reused": True}
@@ -333,7 +330,6 @@ def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
                     stopped = True
                     continue
                 else:
-                    saved = saved_runs(os.path.join(s["results"], "results.json"))
                     done = sum(k in saved for runs in s["plan"].values() for *_, k in runs)
                     print(f"training {s['name'] or 'main'}: {label}, seed {seed} ({done + 1} of "
                           f"{sum(map(len, s['plan'].values()))})", file=sys.stderr)
@@ -349,8 +345,7 @@ def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
     if stopped:
         print(f"stopped after {trained} new runs; the same command without --max_runs or --table_only goes on "
               "from here", file=sys.stderr)
-    rows = []
-    for s in sweeps:
+    for s in sweeps:  # every sweep's table and figure; the last one's rows
         rows = report(s, header, args, argv, figure=s["results"] in stale, final=True)
     return rows
 
@@ -358,8 +353,7 @@ def run_sweeps(sweeps, seeds, header, args, device, dtype, meta, argv):
 # ---- one run: train (or finish) it, then evaluate it on the whole validation split
 
 def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
-    """Train one (label, seed) run with the shared budget (or finish it), then evaluate the whole val split.
-    train_seconds: wall time of the training; cpu_seconds: this process's CPU time, training and evaluation."""
+    """Train one (label, seed) run with the shared budget (or finish it), then evaluate the whole val split."""
     out_dir = os.path.join(args.runs_dir, f"{label}-seed{seed}-{key}")
     path = os.path.join(out_dir, "ckpt.pt")
     steps = read_checkpoint(path, ("model_name", "iter_num"), mmap=True)["iter_num"] if os.path.exists(path) else 0
@@ -446,7 +440,6 @@ def read_sweep(json_path):
 
 
 def saved_runs(json_path):
-    """The runs a results.json holds, by key ({} where there is none)."""
     return {r["key"]: r for r in read_sweep(json_path).get("runs", [])}
 
 
@@ -512,7 +505,6 @@ def aggregate(runs, labels, pair=None):
 
 
 def point_configs(sweep, header):
-    """{label: the resolved GPTConfig} of the sweep's points."""
     return {label: load_model_module(name).GPTConfig(**{**header["shape"], **overrides})
             for label, name, overrides in sweep["points"]}
 
@@ -536,9 +528,8 @@ def report(sweep, header, args, argv, figure=False, final=False):
     While no planned run is on record, RESULTS.md (and its copy) only say so. The machine named is the one
     results.json names, that of the latest run trained. Returns the rows."""
     json_path = os.path.join(sweep["results"], "results.json")
-    labels = [label for label, *_ in sweep["points"]]
     configs = point_configs(sweep, header)
-    models = {label: name for label, name, _ in sweep["points"]}
+    models = {label: name for label, name, _ in sweep["points"]}  # in the sweep's label order
     with locked(sweep["results"]):  # the runs on record now, a sweep's beside this one's included (save_run())
         saved = read_sweep(json_path)
         done = {r["key"]: r for r in saved.get("runs", [])}
@@ -548,7 +539,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
         xs = {r["key"]: sweep["x"](configs[r["label"]], r["stats"]) if models[r["label"]] != "vanilla" else []
               for r in runs} if "x" in sweep else {}  # vanilla is drawn as a line across, not as a point
         pair = frontier_pair(runs, xs, sweep["reference"]) if "frontier" in sweep else None
-        rows = aggregate(runs, labels, pair)
+        rows = aggregate(runs, list(models), pair)
         if runs:
             write_json(json_path, {**saved, **head, "summary": rows})
         table = results_table(sweep, rows, runs, head, len(planned))
@@ -562,9 +553,9 @@ def report(sweep, header, args, argv, figure=False, final=False):
     if figure and runs and plt is None:
         print("note: no matplotlib, so no figure (pip install matplotlib)", file=sys.stderr)
     elif plt and "x" in sweep:
-        plot_ablation(plt, sweep, rows, runs, xs, configs, path)
+        plot_ablation(plt, sweep, rows, runs, models, xs, configs, path)
     elif plt:
-        plot_results(plt, sweep, rows, runs, path, val_windows(header))
+        plot_results(plt, sweep, rows, runs, models, path, val_windows(header))
     return rows
 
 
@@ -632,8 +623,7 @@ def cost(runs):
 
 def seeds_done(sweep, runs):
     have = {(r["label"], r["seed"]) for r in runs}
-    labels = [label for label, *_ in sweep["points"]]
-    full = [seed for seed in sorted(sweep["plan"]) if all((label, seed) in have for label in labels)]
+    full = [seed for seed in sorted(sweep["plan"]) if all((label, seed) in have for label, *_ in sweep["points"])]
     return (f"every point of seed{'s' if len(full) > 1 else ''} {', '.join(map(str, full))}" if full
             else "the first seed not yet complete")
 
@@ -655,11 +645,10 @@ def delta_panel(ax, rows, colour, models, reference):
     """The verdict: each label's paired Δ with a bar of ± 2 SE, filled where |Δ| > 2 SE, grouped by paper with a
     gap between papers, and Δ ± SE written beside as the table gives it."""
     rows = [row for row in rows if row["delta"] is not None]
-    y, at = [], 0.0
+    y, yi = [], 0.0
     for i, row in enumerate(rows):
-        at -= 1.6 if i and models[row["label"]] != models[rows[i - 1]["label"]] else 1.0
-        y.append(at)
-    for yi, row in zip(y, rows):
+        yi -= 1.6 if i and models[row["label"]] != models[rows[i - 1]["label"]] else 1.0
+        y.append(yi)
         c = colour[row["label"]]
         ax.errorbar(row["delta"], yi, xerr=2 * row["delta_se"] if row["delta_se"] is not None else None, fmt="o",
                     color=c, markerfacecolor=c if row["marked"] else "white", capsize=3, markersize=7)
@@ -686,11 +675,10 @@ def val_windows(header):
     return int(given[-1] if given else TrainConfig.eval_iters) * header["batch_size"]
 
 
-def plot_results(plt, sweep, rows, runs, path, windows):
+def plot_results(plt, sweep, rows, runs, models, path, windows):
     """The main table: validation curves (mean over seeds; vanilla bold black with its seeds' range) from the
     first evaluation after the start, a zoom on the last 40% of the run, and the paired differences to vanilla
     with their 2-SE bars; labels grouped and coloured by paper."""
-    models = {label: name for label, name, _ in sweep["points"]}
     colour = colours([row["label"] for row in rows], models, plt)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(18, 7), gridspec_kw={"width_ratios": [3, 2]})
     zoom = ax.inset_axes([0.36, 0.36, 0.62, 0.6])
@@ -711,9 +699,7 @@ def plot_results(plt, sweep, rows, runs, path, windows):
             if vanilla and len(curves) > 1:
                 band = a.fill_between(tokens, losses.min(0), losses.max(0), color="black", alpha=0.15,
                                       linewidth=0, label="  its seeds, min to max")
-        handles.append(line)
-        if vanilla and len(curves) > 1:
-            handles.append(band)
+        handles += [line, band] if vanilla and len(curves) > 1 else [line]
         first.append(tokens[min(1, steps - 1)])
         top.append(losses.mean(0)[min(1, steps - 1)])  # at the first evaluation after the start
         bottom.append(losses.mean(0).min())
@@ -740,7 +726,7 @@ def plot_results(plt, sweep, rows, runs, path, windows):
     plt.close(fig)
 
 
-def plot_ablation(plt, sweep, rows, runs, xs, configs, path):
+def plot_ablation(plt, sweep, rows, runs, models, xs, configs, path):
     """An ablation: the final loss (mean ± std over seeds) against the ablation's x, one panel per x-axis, with
     the reference drawn across; its stat (if any) against the same x; the paired Δ panel."""
     by_label = {row["label"]: row for row in rows}
@@ -751,7 +737,6 @@ def plot_ablation(plt, sweep, rows, runs, xs, configs, path):
     fig, all_axes = plt.subplots(1, len(panels) + 1, figsize=(7 * len(panels) + 6, 6), squeeze=False,
                                  gridspec_kw={"width_ratios": [3] * len(panels) + [2]})
     series_colours = plt.get_cmap("tab10").colors
-    models = {label: name for label, name, _ in sweep["points"]}
     colour = colours(list(by_label), models, plt)
     for i, panel in enumerate(panels):
         ax = all_axes[0][i]
@@ -779,8 +764,9 @@ def plot_ablation(plt, sweep, rows, runs, xs, configs, path):
         if key:  # under the legend, in the empty upper right: loss falls with FLOPs
             ax.text(0.98, 0.78, "target (tag at the point)\n" + "\n".join(key), transform=ax.transAxes, fontsize=7,
                     family="monospace", va="top", ha="right", bbox=dict(facecolor="white", alpha=0.8, linewidth=0))
-        if stat:
-            init = init_stat(sweep, configs)
+        if stat:  # the stat of an untrained model of the first point other than vanilla (vertical's map entropy)
+            first, name, _ = next(p for p in sweep["points"] if p[1] != "vanilla")
+            init = load_model_module(name).GPT(configs[first]).stats().get(sweep["stat"])
             if init is not None:
                 ax.axhline(init, color="grey", linestyle=":", label=f"at initialisation ({init:.2f})")
         elif "vanilla" in by_label:
@@ -817,13 +803,6 @@ def annotation(sweep, config, group, label):
     tag = ("no control" if config.gate_gamma == 0 else f"{config.gate_target:g}"
            + (" (paper)" if config.gate_gamma != GATE_GAMMA else ""))
     return tag, f"{tag:>11}: middle gate {zero:4.0%} zero, x{ratio:.2f} FLOPs"
-
-
-def init_stat(sweep, configs):
-    """The ablation's stat at initialisation (vertical's map entropy), from an untrained model of its first point
-    other than vanilla."""
-    label, name, _ = next(p for p in sweep["points"] if p[1] != "vanilla")
-    return load_model_module(name).GPT(configs[label]).stats().get(sweep["stat"])
 
 
 if __name__ == "__main__":
