@@ -163,9 +163,18 @@ def saved_tensor_bytes(model, x, y):
     return sum(seen.values()) + 4 * params  # + parameters, gradients, AdamW's two moments
 
 
+def seconds(device, fn, *args, **kwargs):
+    """(seconds, result) of fn(*args, **kwargs), timed from an idle device to the end of the work fn queued on it."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    synchronize(device)
+    return time.perf_counter() - t0, result
+
+
 class Training:
-    """One model with its AdamW optimiser and one fixed random batch: step() is a training step, timed() the
-    seconds of --iters of them."""
+    """One model with its AdamW optimiser and one fixed random batch: step(n) is n training steps (one by default),
+    timed() the seconds of --iters of them."""
 
     def __init__(self, module, shape, args, device, ctx):
         torch.manual_seed(0)
@@ -177,22 +186,18 @@ class Training:
         self.y = torch.randint(0, self.config.vocab_size, (args.batch_size, args.block_size), device=device)
         self.iters, self.device, self.ctx = args.iters, device, ctx
 
-    def step(self):
-        with self.ctx:
-            _, loss = self.step_model(self.x, self.y)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if hasattr(self.model, "after_step"):
-            self.model.after_step()
+    def step(self, n=1):
+        for _ in range(n):
+            with self.ctx:
+                _, loss = self.step_model(self.x, self.y)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if hasattr(self.model, "after_step"):
+                self.model.after_step()
 
     def timed(self):
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        for _ in range(self.iters):
-            self.step()
-        synchronize(self.device)
-        return time.perf_counter() - t0
+        return seconds(self.device, self.step, self.iters)[0]
 
 
 def interleaved(vanilla, run, repeats):
@@ -217,27 +222,29 @@ def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
     with torch.no_grad(), ctx:
         for _ in range(repeats):
             for skip in (False, True):
-                synchronize(device)
-                t0 = time.perf_counter()
-                text = generate(model, prompt, n_tokens, temperature=0, skip=skip)
-                synchronize(device)
-                times[skip].append(time.perf_counter() - t0)
+                t, text = seconds(device, generate, model, prompt, n_tokens, temperature=0, skip=skip)
+                times[skip].append(t)
         est_flops_ratio = model.stats(text[:, -model.config.block_size:]).get("est_flops_ratio")  # its gates
     dense, skipping = statistics.median(times[False]), statistics.median(times[True])
     return {"sample_tok_s_skip": n_tokens / skipping, "sample_tok_s_dense": n_tokens / dense,
             "skip_time_ratio": skipping / dense, "est_flops_ratio": est_flops_ratio}
 
 
+def runs_of(wanted, shape):
+    """(label, model file, its module, config) of each run of RUNS that wanted names, in RUNS' order."""
+    for label, name, overrides in RUNS:
+        if label in wanted:
+            yield label, name, load_model_module(name), {**shape, **overrides}
+
+
 def check_gated(wanted, shape, args):
     """--close_gates against the gates of every wanted model that has them, before anything is measured: each model
     is built on the meta device (shapes only, no memory)."""
-    for label, name, overrides in RUNS:
-        if label in wanted:
-            module = load_model_module(name)
-            with torch.device("meta"):
-                gates = getattr(build_model(module, {**shape, **overrides}), "gates", None)
-            if gates:
-                check_close_gates(args.close_gates, len(gates))
+    for _, _, module, config in runs_of(wanted, shape):
+        with torch.device("meta"):
+            gates = getattr(build_model(module, config), "gates", None)
+        if gates:
+            check_close_gates(args.close_gates, len(gates))
 
 
 def checkpoint_generation(args, device, ctx):
@@ -274,26 +281,20 @@ def measure(label, module, shape, args, device, ctx):
         held = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
     run = Training(module, shape, args, device, ctx)
-    model, T = run.model, args.block_size
-    for _ in range(args.warmup):
-        run.step()
-    if device.type == "cuda":
-        peak_mem = torch.cuda.max_memory_allocated(device) - held
-    else:
-        peak_mem = saved_tensor_bytes(model, run.x, run.y)
+    model = run.model
+    run.step(args.warmup)
+    peak_mem = (torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else
+                saved_tensor_bytes(model, run.x, run.y))
     row = {"label": label, "params": sum(p.numel() for p in model.parameters()), "peak_mem_bytes": peak_mem,
-           "flops_per_token": model.flops_per_token(T)}
+           "flops_per_token": model.flops_per_token(args.block_size)}
 
     model.eval()
     prompt = torch.randint(0, run.config.vocab_size, (1, 16), device=device)
     for use_cache in (True, False):
         with torch.no_grad(), ctx:
             generate(model, prompt, 4, temperature=0, use_cache=use_cache)  # warm-up
-            synchronize(device)
-            t0 = time.perf_counter()
-            generate(model, prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
-            synchronize(device)
-        row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / (time.perf_counter() - t0)
+            t, _ = seconds(device, generate, model, prompt, args.sample_tokens, temperature=0, use_cache=use_cache)
+        row["sample_tok_s_cache" if use_cache else "sample_tok_s_nocache"] = args.sample_tokens / t
     skipper = model
     if args.close_gates >= 0 and getattr(model, "gates", None):
         skipper = copy.deepcopy(model)  # the timed training keeps the gates as initialised
@@ -308,10 +309,8 @@ def measure_all(wanted, shape, args, device, ctx):
     vanilla's (see interleaved()); train_speed_ratio is the median of the per-pair ratios, with their min and
     max; vanilla's train_tok_s is the median of all its repeats."""
     rows, vanilla = [], None
-    for label, name, overrides in RUNS:
-        if label != "vanilla" and label not in wanted:
-            continue
-        row, run = measure(label, load_model_module(name), {**shape, **overrides}, args, device, ctx)
+    for label, _, module, config in runs_of(wanted | {"vanilla"}, shape):
+        row, run = measure(label, module, config, args, device, ctx)
         if vanilla is None:
             vanilla, row["train_seconds"] = run, []
         else:
@@ -339,9 +338,8 @@ def measure_all(wanted, shape, args, device, ctx):
 
 
 def print_measurements(rows):
-    header = (f"{'model':<17}{'params':>12}{'extra':>12}{'train tok/s':>13}{'x vanilla (min-max)':>22}"
-              f"{'peak MB':>10}{'x vanilla':>10}{'MFU':>7}{'sample tok/s':>14}{'no cache':>10}")
-    print(header)
+    print(f"{'model':<17}{'params':>12}{'extra':>12}{'train tok/s':>13}{'x vanilla (min-max)':>22}"
+          f"{'peak MB':>10}{'x vanilla':>10}{'MFU':>7}{'sample tok/s':>14}{'no cache':>10}")
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         speed = f"{r['train_speed_ratio']:.3f}"
@@ -426,7 +424,7 @@ class Decoding:
         self.prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), generator=g).to(device)
 
     def generate(self, n, on_step=None):
-        """Seconds of one generate() of n tokens; on_step() is called before every decode step."""
+        """(seconds, start time) of one generate() of n tokens; on_step() is called before every decode step."""
         step, hook, calls = self.step, None, []
         if step is not None and on_step is not None:
             step = lambda *a: (on_step(), self.step(*a))[1]  # noqa: E731
@@ -478,12 +476,9 @@ def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
     is labelled as the run and without as '<label> (skip=False)'. Also returns the compile seconds of each compiled
     case: its first generate(), which traces and compiles the step (a new batch size may compile again)."""
     cases, compile_s = {}, {}
-    for label, name, overrides in RUNS:
-        if label not in wanted and not (vanilla and label == "vanilla"):
-            continue
-        module = load_model_module(name)
+    for label, name, module, config in runs_of((wanted | {"vanilla"}) if vanilla else wanted, shape):
         torch.manual_seed(0)
-        model = build_model(module, {**shape, **overrides}).to(device).eval()
+        model = build_model(module, config).to(device).eval()
         variants = {label: {}}
         if hasattr(module.GPT, "inference") and getattr(model, "gates", None):
             variants = {label: dict(skip=True), f"{label} (skip=False)": dict(skip=False)}
@@ -492,7 +487,7 @@ def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
         modes = args.decode_modes.split(",")
         eager = functools.partial(decode_step, model)
         compiled = compile_decode_step(model, device) if "compiled" in modes else None
-        base = load_baseline(args.baseline, name, model, {**shape, **overrides}) if args.baseline else None
+        base = load_baseline(args.baseline, name, model, config) if args.baseline else None
         for variant, kwargs in variants.items():
             for batch in batches:
                 if "eager" in modes:
@@ -512,13 +507,9 @@ def warm_caches(wanted, shape, batches, args, device, ctx):
     training step with its warm-up steps, or the decode step's first generations), and nothing timed."""
     if args.decode:
         decode_cases(wanted, shape, batches, args, device, ctx, vanilla=False)
-        return []
-    for label, name, overrides in RUNS:
-        if label in wanted:
-            run = Training(load_model_module(name), {**shape, **overrides}, args, device, ctx)
-            for _ in range(max(args.warmup, 1)):
-                run.step()
-            del run
+    else:
+        for label, _, module, config in runs_of(wanted, shape):
+            Training(module, config, args, device, ctx).step(max(args.warmup, 1))  # then freed, before the next
             print(f"  compiled {label}", file=sys.stderr)
     return []
 
@@ -566,8 +557,7 @@ def main(argv):
         print(f"{args.size} shape, generation after {args.prompt_tokens} prompt tokens, {hardware}, {dtype}, "
               f"torch {torch.__version__}")
         rows = measure_decoding(wanted, shape, batches, args, device, ctx)
-        table = decoding_table(rows, args.baseline)
-        print(table, end="")
+        print(decoding_table(rows, args.baseline), end="")
         head.update(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, close_gates=args.close_gates,
                     baseline=args.baseline, command=["-m", "tools.bench", *argv])
     else:

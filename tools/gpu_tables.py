@@ -201,12 +201,10 @@ def summary(out):
     if first is None:
         raise ConfigError(f"--summary: no JSON file of python -m tools.bench in {out}; run the parts first")
     rows = {}
-    for key, table in (("compiled", compiled), ("eager", eager), ("long", long)):
-        for r in (table or {}).get("results", []):
-            rows.setdefault(r["label"], {})[key] = r
-    for r in (decode or {}).get("results", []):
-        if r["mode"] == "compiled" and r["batch"] == 1 and "decode_ratio" in r:
-            rows.setdefault(r["label"], {})["decode"] = r
+    for key, table in (("compiled", compiled), ("eager", eager), ("long", long), ("decode", decode)):
+        for r in (table or {}).get("results", []):  # of decode.json, the compiled step's rows at batch 1
+            if key != "decode" or (r["mode"] == "compiled" and r["batch"] == 1 and "decode_ratio" in r):
+                rows.setdefault(r["label"], {})[key] = r
 
     def ratio(r, key, field):  # one number where the repeats agree
         return spread(r.get(key), field, same=False)
@@ -246,7 +244,7 @@ def main(argv):
         raise ConfigError("no CUDA GPU here: these are the GPU tables; --dry_run prints the commands")
     out = args.out or gpu_folder(hardware_name(torch.device("cuda")) if torch.cuda.is_available() else "gpu")
     todo = commands(args, out)
-    timed = [part for part in todo if args.jobs == 1 or part not in COUNTING]
+    timed = {part: argv_ for part, argv_ in todo.items() if args.jobs == 1 or part not in COUNTING}
     if args.dry_run:
         heavy, light, merges = first_jobs(todo, args) if args.jobs > 1 else ([], [], [])
         for title, jobs in ((f"first, at most {args.jobs} at a time (training steps compiling, about 16 GB of GPU "
@@ -254,7 +252,7 @@ def main(argv):
                             (f"beside them, at most {args.light_jobs} at a time (decode steps compiling, kernel "
                              "counts: little GPU memory)", light),
                             ("then each count's merge (writing its table), one after another", merges),
-                            ("then, one after another", [(part, todo[part]) for part in timed])):
+                            ("then, one after another", timed.items())):
             if jobs:
                 print(f"# {title}:\n" + "\n".join(shlex.join(["python", *argv_]) for _, argv_ in jobs))
         return todo
@@ -264,8 +262,7 @@ def main(argv):
     if args.jobs > 1:
         print(f"# compiled and counted, {args.jobs} + {args.light_jobs} at a time: {time.perf_counter() - start:.0f} s",
               flush=True)
-    for part in timed:
-        argv_ = todo[part]
+    for part, argv_ in timed.items():
         print(f"# {part}: {shlex.join(['python', *argv_])}", flush=True)
         t0 = time.perf_counter()
         code = subprocess.run([sys.executable, *argv_], cwd=ROOT).returncode

@@ -268,9 +268,10 @@ def parse_args(argv):
     return args
 
 
-def header(args, device, dtype, version, command):  # the --json file's "shape"
+def header(args, device, version, argv):  # the --json file's "shape"; argv: the options of its command
     return {**{k: getattr(args, k) for k in MODEL_SHAPE}, "batch_size": args.batch_size, "block_size": args.block_size,
-            "torch": version, "device": device, "dtype": dtype, "compiled": args.compiled, "command": command}
+            "torch": version, "device": device, "dtype": "float32" if args.device == "cpu" else "bf16 autocast",
+            "compiled": args.compiled, "command": shlex.join(["python", "-m", "tools.kernels", *argv])}
 
 
 def merged(args, argv):
@@ -279,8 +280,7 @@ def merged(args, argv):
     missing, or was counted with other options or on another machine or torch than the first part, is refused."""
     command = without(argv, "--merge")
     alone = without(command, "--runs", "--with_vanilla", "--json", "--update_readme")  # a part's command, less these
-    dtype = "float32" if args.device == "cpu" else "bf16 autocast"
-    rows, first = {}, None
+    rows, head = {}, None
     for label, _, _ in args.labels:
         path = os.path.join(args.merge, f"{label}.json")
         fix = (f"count it: `{shlex.join(['python', '-m', 'tools.kernels', *alone, '--runs', label])} "
@@ -289,16 +289,13 @@ def merged(args, argv):
         shape, models = part["shape"], part["models"]
         if label not in models:
             raise ConfigError(f"--merge part {printable(path)} holds no counts of {label}; {fix}")
-        first = first or shape
-        want = header(args, first.get("device"), dtype, first.get("torch"), shape.get("command"))
-        wrong = [k for k in want if shape.get(k) != want[k]]
+        head = head or header(args, shape["device"], shape["torch"], command)
+        wrong = [k for k in head if k != "command" and shape.get(k) != head[k]]  # a part's command is its own
         if wrong:
             raise ConfigError(f"--merge part {printable(path)} has {wrong[0]} {shape.get(wrong[0])!r} where this command "
-                              f"(and its first part's device and torch) has {want[wrong[0]]!r}; {fix}")
+                              f"(and its first part's device and torch) has {head[wrong[0]]!r}; {fix}")
         rows[label] = models[label]
-    return {"shape": header(args, first["device"], dtype, first["torch"],
-                            shlex.join(["python", "-m", "tools.kernels", *command])),
-            "models": rows}
+    return {"shape": head, "models": rows}
 
 
 def main(argv):
@@ -343,10 +340,7 @@ def counted(args, argv, device):
             print(f"{label}: {rows[label]['train']} generated kernels per training step, {rows[label]['decode']} per "
                   "decode step", file=sys.stderr)  # progress: each model compiles for a minute or more on a CPU
         del model
-    dtype = "float32" if device.type == "cpu" else "bf16 autocast"
-    return {"shape": header(args, hardware_name(device), dtype, torch.__version__,
-                            shlex.join(["python", "-m", "tools.kernels", *argv])),
-            "models": rows}
+    return {"shape": header(args, hardware_name(device), torch.__version__, argv), "models": rows}
 
 
 def publish(saved, args):
