@@ -103,14 +103,11 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
     forward = model.inference(skip=True)[0] if skip else None  # (forward, cache class): generate.py's hook
     # a bar on a terminal only (disable=None): a captured log gets no carriage returns
     for start in tqdm(range(0, n_windows, batch_size), disable=None if progress else True, desc="eval", unit="batch"):
-        xs, ys = [], []
-        for w in range(start, min(start + batch_size, n_windows)):
-            chunk = torch.from_numpy(data[w * block_size:(w + 1) * block_size + 1].astype(np.int64))
-            xs.append(chunk[:-1])
-            ys.append(chunk[1:])
+        chunks = [torch.from_numpy(data[w * block_size:(w + 1) * block_size + 1].astype(np.int64))
+                  for w in range(start, min(start + batch_size, n_windows))]
         # the last window may be short: pad, and ignore the padding in the loss (-1)
-        x = torch.nn.utils.rnn.pad_sequence(xs, batch_first=True).to(device)
-        y = torch.nn.utils.rnn.pad_sequence(ys, batch_first=True, padding_value=-1).to(device)
+        x = torch.nn.utils.rnn.pad_sequence([c[:-1] for c in chunks], batch_first=True).to(device)
+        y = torch.nn.utils.rnn.pad_sequence([c[1:] for c in chunks], batch_first=True, padding_value=-1).to(device)
         with ctx:
             if skip:
                 (logits, _), hidden = forward(x), []
@@ -285,9 +282,10 @@ def main(argv):
             read_task_file(f)
     mc_items = read_mc(args.mc) if args.mc else None
     plt = pyplot_for(args.plot) if args.logit_lens or args.depth_map else None
+    lens_png = args.plot_path or os.path.join(run_folder(args.out_dir[0]), "logit_lens.png")
     figures = [os.path.join(run_folder(d), "depth_map.png") for d in args.out_dir if args.depth_map]
     if args.logit_lens and not args.plot_path:
-        figures.append(os.path.join(run_folder(args.out_dir[0]), "logit_lens.png"))
+        figures.append(lens_png)
     for path in figures if plt is not None else ():  # before any checkpoint is evaluated
         check_output("--out_dir", path, "file")
     device = resolve_device(args.device)
@@ -300,9 +298,8 @@ def main(argv):
         del model
     say = sys.stderr if args.json else sys.stdout  # keep stdout JSON only
     if args.logit_lens and plt is not None:
-        path = args.plot_path or os.path.join(run_folder(args.out_dir[0]), "logit_lens.png")
-        plot_logit_lens(plt, results, path)
-        print(f"logit lens figure: {path}", file=say)
+        plot_logit_lens(plt, results, lens_png)
+        print(f"logit lens figure: {lens_png}", file=say)
     if (args.logit_lens or args.depth_map) and plt is None and args.plot == "auto":
         print("note: PNGs skipped, matplotlib is not installed (pip install matplotlib)", file=say)
 

@@ -60,7 +60,6 @@ def tokens_per_step(folder):
         return None
 
 
-
 def plot_curves(plt, runs, path):
     """The training loss (a thin line through its records' points) and validation loss (its evaluations as dots,
     unjoined: a straight line between sparse evaluations would lie above the curve, and a run evaluated less often
@@ -110,7 +109,6 @@ def curves(args):
     names = [os.path.basename(os.path.abspath(r["folder"])) for r in runs]
     for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name
         r["label"] = name if names.count(name) == 1 else os.path.normpath(r["folder"])
-    for r in runs:
         steps, tokens, _ = max(r["train"] + r["val"], key=lambda p: p[0])
         line = f"{r['label']}: {steps:,} steps"
         if tokens is not None:

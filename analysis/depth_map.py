@@ -113,11 +113,9 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
     shown = np.ma.masked_array(m.numpy(), mask=~valid.numpy())
     image = ax.imshow(shown, cmap=cmap, vmin=0, vmax=max(1.0, m.max().item()), aspect="auto")
     if rows * cols <= 400:  # the numbers too, as in the paper's tables, while they still fit
-        for r in range(rows):
-            for c in range(cols):
-                if valid[r, c]:
-                    ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if m[r, c] > 0.6 else "black")
+        for r, c in valid.nonzero().tolist():
+            ax.text(c, r, f"{m[r, c].item():.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if m[r, c] > 0.6 else "black")
     ax.set_xticks(range(cols), labels=layout["columns"])
     ax.set_yticks(range(rows), labels=row_labels(rows, n_layer))
     ax.set(xlabel=layout["xlabel"], title=textwrap.fill(title, int(width * 8)))
@@ -131,5 +129,3 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
     save_png(fig, path, dpi=120)
     plt.close(fig)
     return fig
-
-

@@ -260,4 +260,3 @@ def run_lm_eval(model, encode, eot, block_size, args, device, ctx):
         raise ConfigError(f"--lm_eval: {e}")
     return {task: {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             for task, metrics in out["results"].items()}
-

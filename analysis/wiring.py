@@ -92,12 +92,6 @@ def wiring(model, idx, seed):
     return gains, labels + ["head"], ["emb"] + labels
 
 
-def close_middle_gates(model):
-    """skip-middle with the middle half of its blocks skipped by every token: tools.bench's --close_gates at gate
-    n_gates // 2 (blocks 1 to 4 of 6)."""
-    close_gates(model, len(model.gates) // 2)
-
-
 def wiring_panels(args):
     """[(caption, gains, row labels, column labels)]: one panel per model and variant at init, or per run."""
     panels = []
@@ -109,8 +103,8 @@ def wiring_panels(args):
                 module = load_model_module(name)
                 torch.manual_seed(args.seed)
                 model = build_model(module, options).eval()
-                if closed:
-                    close_middle_gates(model)
+                if closed:  # the middle half of the blocks skipped by every token: tools.bench's --close_gates
+                    close_gates(model, len(model.gates) // 2)  # at gate n_gates // 2 (blocks 1 to 4 of 6)
                 idx = torch.randint(model.config.vocab_size, (2, min(64, model.config.block_size)),
                                     generator=torch.Generator().manual_seed(args.seed))
                 panels.append((caption, *wiring(model, idx, args.seed)))
@@ -202,8 +196,7 @@ def draw_wiring(args):
         if args.json:
             print(to_json({"wiring": caption, "rows": rows, "columns": cols, "gains": gains.tolist()}))
         else:
-            print(caption)
-            print("\n".join(reads(gains, rows, cols)))
+            print(caption, *reads(gains, rows, cols), sep="\n")
     say = sys.stderr if args.json else sys.stdout
     if plt is not None:
         plot_wiring(plt, panels, path)
