@@ -24,7 +24,6 @@ import ctypes
 import dataclasses
 import errno
 import glob
-import importlib
 import importlib.util
 import itertools
 import os
@@ -32,7 +31,6 @@ import re
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -131,8 +129,7 @@ def file_documents(paths, text_field):
         for path in paths:
             builder = BUILDERS[Path(path).suffix.lower()]
             # a .txt file is one document (the text builder would otherwise make one per line)
-            kwargs = {"sample_by": "document"} if builder == "text" else {}
-            field = "text" if builder == "text" else text_field
+            kwargs, field = ({"sample_by": "document"}, "text") if builder == "text" else ({}, text_field)
             empty = 0  # records whose text is null or empty: left out, and counted
             try:
                 # glob.escape: datasets reads data_files as patterns, and a name such as notes[1].txt is a name
@@ -184,7 +181,7 @@ def tokenize_all(docs, tokenizer, num_proc, batch_size=2048):
 # -----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclasses.dataclass
 class PrepareConfig:
     dataset: str = option("shakespeare", "shakespeare works offline; fineweb-edu and fineweb (their sample-10BT) and "
                           "openwebtext stream from the Hugging Face hub", choices=DATASETS)
@@ -223,10 +220,9 @@ def main(argv=None):
     if args.files:
         docs = file_documents(args.files, args.text_field)
         dataset, name = ", ".join(Path(f).name for f in args.files), args.name or Path(args.files[0]).stem
-    elif args.dataset in WEB_DATASETS:
-        docs, dataset, name = web_documents(args.dataset), args.dataset, args.name or args.dataset
     else:
-        docs, dataset, name = shakespeare_documents(), args.dataset, args.name or args.dataset
+        docs = web_documents(args.dataset) if args.dataset in WEB_DATASETS else shakespeare_documents()
+        dataset, name = args.dataset, args.name or args.dataset
     out = Path(args.out_dir) / name
     if out.exists() and not out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
         raise ConfigError(f"cannot write {out}: a file is in the way; choose another --out_dir or --name")
@@ -337,13 +333,11 @@ def write_splits(args, docs, name, dataset, dtype, train_path, val_path):
     # one draw per document, in document order: the split does not depend on --num_proc
     rng = np.random.default_rng(args.seed)
     counts = {"train": 0, "val": 0}
-    paths = {"train": train_path, "val": val_path}
     web = args.dataset in WEB_DATASETS and not args.files  # where --max_tokens ends the run: a bar with an ETA
     bar = tqdm(total=args.max_tokens if web else None, unit="tok", unit_scale=True, desc=f"tokenizing {name}",
                disable=None)  # a bar on a terminal only: a captured log gets no carriage returns
-    with contextlib.ExitStack() as stack:
-        bins = {split: stack.enter_context(open(path, "wb")) for split, path in paths.items()}
-        stack.enter_context(bar)
+    with bar, contextlib.ExitStack() as stack:
+        bins = {"train": stack.enter_context(open(train_path, "wb")), "val": stack.enter_context(open(val_path, "wb"))}
         stream = stack.enter_context(contextlib.closing(tokenize_all(docs, args.tokenizer, args.num_proc)))
         for ids in stream:
             split = "val" if rng.random() < args.val_fraction else "train"

@@ -103,9 +103,9 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
         mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         hidden = None
         if logits_to_keep == 1 and labels is None:  # generation: each row's window, as sample.py reads it
-            logits = self.next_logits(input_ids, mask, use_cache is not False)  # (B, 1, vocab)
+            logits, starts = self.next_logits(input_ids, mask, use_cache is not False)  # (B, 1, vocab)
             if output_hidden_states:  # of the windows next_logits() read
-                _, *hidden = self.every_position(input_ids, mask, True, self.window_starts(input_ids, mask))
+                _, *hidden = self.every_position(input_ids, mask, True, starts)
         else:
             logits, *hidden = self.every_position(input_ids, mask, output_hidden_states)  # (B, T, vocab)
         loss = None
@@ -132,11 +132,6 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
             rows.append([torch.where((src >= 0)[:, None], out[0, src.clamp(min=0)], 0.0) for out in outs])
         return [torch.stack(out) for out in zip(*rows)]
 
-    def window_starts(self, idx, mask):
-        """The first token of each row's window in the last next_logits() call (0 for a row of pads)."""
-        reals = idx if mask is None else [row[keep] for row, keep in zip(idx, mask)]
-        return [self.rows.get(tuple(real.tolist()), (0, None))[0] for real in reals]
-
     def run(self, idx, hidden):
         if idx.size(1) > self.model.config.block_size:
             raise ValueError(f"a sequence of {idx.size(1)} tokens is longer than the model's context "
@@ -151,7 +146,7 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
     def next_logits(self, idx, mask, use_cache):
         """Logits (B, 1, vocab) of the token after each row's real tokens, each row alone with the window rule and
         its own cache (the module's docstring): a decode step where the row continues a sequence of the last call
-        by one token, else a prefill."""
+        by one token, else a prefill. With them, the first token of each row's window (0 for a row of pads)."""
         S, known, self.rows = self.model.config.block_size, self.rows, {}
         forward, cache_class = self.model.inference() if hasattr(self.model, "inference") else (self.model, KVCache)
         rows, taken = [], set()
@@ -162,11 +157,12 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
                 cache = copy.deepcopy(cache)
             taken.add(id(cache))
             rows.append((real, start, cache))
-        logits = []
+        logits, starts = [], []
         for real, start, cache in rows:  # after every row has found its cache: a step changes the cache it takes
             n = real.numel()
             if n == 0:  # a row of pads only: nothing to continue, every next token alike
                 logits.append(torch.zeros(1, 1, self.model.config.vocab_size, device=idx.device))
+                starts.append(0)
                 continue
             if n - start > S:  # the window is full: restart it from the last half context
                 start, cache = n - S // 2, None
@@ -178,7 +174,8 @@ class LayersForCausalLM(PreTrainedModel, GenerationMixin):
             else:  # one decode step: the newest token after the n - 1 - start in the cache
                 logits.append(self.cached(forward, real[None, -1:], cache, n - 1 - start))
             self.rows[tuple(real.tolist())] = (start, cache)
-        return torch.cat(logits)
+            starts.append(start)
+        return torch.cat(logits), starts
 
     def cached(self, forward, ids, cache, past):
         """Logits (1, T, vocab) of ids (1, T) at positions past, past + 1, ... of cache: a prefill (past 0, with
