@@ -18,7 +18,7 @@ import torch
 
 from plumbing.errors import ConfigError, handling
 from plumbing.files import checkpoint_path, read_checkpoint, read_object
-from plumbing.models import build_model, load_model_module
+from plumbing.config import build_model, load_model_module
 
 # ----------------------------------------------------------------------------------------------------------
 # sizes

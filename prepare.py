@@ -38,10 +38,9 @@ import numpy as np
 from tqdm import tqdm
 
 from common import get_tokenizer, need
-from plumbing.config import option
+from plumbing.config import load_model_module, option
 from plumbing.errors import ConfigError, main_boundary, naming
 from plumbing.files import DATASETS, WEB_DATASETS, regular_file, to_json
-from plumbing.models import load_model_module
 from plumbing.options import check_output, parse_simple
 
 # -----------------------------------------------------------------------------

@@ -25,12 +25,11 @@ import torch
 from common import DTYPES, SIZES, autocast, peak_flops, resolve_device, resolve_dtype, synchronize
 from hf import convert
 from plumbing import checks
-from plumbing.config import option
+from plumbing.config import build_model, check_model_args, model_names, option
 from plumbing.console import Console
 from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, naming, note,
                              printable, stopped)
 from plumbing.files import open_split, read_checkpoint, read_meta, save_checkpoint, to_json
-from plumbing.models import build_model, check_model_args, model_names
 from plumbing.options import parse_model_options
 
 

@@ -14,7 +14,7 @@ from analysis.figures import DEPTH_MAP_AND_WIRING, pyplot_for, run_folder, save_
 from common import close_gates, model_from_checkpoint
 from plumbing.errors import ConfigError
 from plumbing.files import open_split, read_meta, to_json
-from plumbing.models import build_model, load_model_module
+from plumbing.config import build_model, load_model_module
 from plumbing.options import check_output
 
 # (model file, options, one-line caption): every model file at its defaults, and the variants its paper compares

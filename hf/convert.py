@@ -44,7 +44,7 @@ from safetensors.torch import save_file
 from common import hf_tokenizer, need
 from plumbing.errors import ConfigError, arg, handling, note
 from plumbing.files import read_object, regular_file, to_json
-from plumbing.models import build_model, model_names
+from plumbing.config import build_model, model_names
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
 # the files of a tokenizer that export copies along (those the folder has)

@@ -13,10 +13,9 @@ import tempfile
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/options.py is a library module (every script's options); run `python train.py --help`")
 
-from plumbing.config import OptionError, check_config, make_config
+from plumbing.config import OptionError, check_config, load_model_module, make_config, model_names
 from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
 from plumbing.files import read_meta, read_text, regular_file
-from plumbing.models import load_model_module, model_names
 
 PRESET_BYTES, PRESET_DEPTH, PRESET_INT_BITS = 1_000_000, 16, 64  # a preset's size, its base chain, its integers
 

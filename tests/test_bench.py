@@ -189,7 +189,7 @@ def test_kernels_compiled_counts_are_deterministic(tmp_path):
     cached graph would count 0); fullgraph=True: a graph break would fail here. One layer: compiling is what takes
     the time."""
     from tools import kernels
-    from plumbing.models import build_model, load_model_module
+    from plumbing.config import build_model, load_model_module
     path = tmp_path / "compiled.json"
     kernels.main([*TINY, "--n_layer=1", "--compiled", "--runs", "vanilla", "--json", str(path)])
     table = json.loads(path.read_text())
@@ -227,7 +227,7 @@ def test_kernels_compiled_counts_see_the_method():
     """A method's own work shows in the compiled count: attnres-full mixes every sublayer's output, more kernels
     than vanilla's residual adds."""
     from tools import kernels
-    from plumbing.models import build_model, load_model_module
+    from plumbing.config import build_model, load_model_module
     shape = dict(n_layer=1, n_head=2, n_kv_head=1, n_embd=16, ffn_hidden=32, vocab_size=64, block_size=16)
     counts = {name: kernels.training_step(build_model(load_model_module(name), {**shape, **extra}), 2, 16, 64,
                                           compiled=True)["generated"]

@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from plumbing.models import model_names
+from plumbing.config import model_names
 from conftest import ROOT
 from tools import tables
 

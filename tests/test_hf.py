@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="tests/test_hf.py comp
 pytestmark = [pytest.mark.extras, pytest.mark.usefixtures("one_thread")]
 
 from common import hf_tokenizer, model_from_checkpoint
-from plumbing.models import load_model_module
+from plumbing.config import load_model_module
 from hf import convert, export
 from hf.convert import split_fused
 from plumbing.files import read_meta

@@ -181,7 +181,7 @@ def reads(path, state, self=None):
 # ---- one way to build a model from its options --------------------------------------------------------------------
 
 def test_one_function_builds_a_model_from_its_options():
-    """plumbing/models.py's build_model (options checked first) is the one place outside the model files and the
+    """plumbing/config.py's build_model (options checked first) is the one place outside the model files and the
     tools (which also build other repositories' model files) that calls GPT(GPTConfig(...))."""
     builders = []
     for path in sorted(floors()):
@@ -191,7 +191,7 @@ def test_one_function_builds_a_model_from_its_options():
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)) and \
                     getattr(node.func, "attr", getattr(node.func, "id", None)) == "GPT":
                 builders.append(f"{path}:{node.lineno}")
-    assert builders == [next(b for b in builders if b.startswith("plumbing/models.py:"))], builders
+    assert builders == [next(b for b in builders if b.startswith("plumbing/config.py:"))], builders
 
 
 # ---- no stale names ----------------------------------------------------------------------------------------------

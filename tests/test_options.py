@@ -15,7 +15,7 @@ import prepare
 import sample
 from tools import sweep
 import train
-from plumbing.models import load_model_module, model_names
+from plumbing.config import load_model_module, model_names
 from conftest import run_script, write_data_set
 from test_errors import checksums
 

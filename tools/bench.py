@@ -32,10 +32,9 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, model_from_checkpoint, peak_flops,
                     resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
-from plumbing.config import option
+from plumbing.config import build_model, load_model_module, option
 from plumbing.errors import ConfigError, main_boundary, printable
 from plumbing.files import checkpoint_path, open_split, read_meta, regular_file, write_json
-from plumbing.models import build_model, load_model_module
 from plumbing.options import parse_simple
 from tools.tables import chosen, command_line, spread, each, hardware_name, read_results, shape_of, update_readme
 

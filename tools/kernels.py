@@ -37,10 +37,9 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 
 from common import autocast, resolve_device
 from generate import cache_for, compile_decode_step, decode_step, inference
-from plumbing.config import check_record, option
+from plumbing.config import build_model, check_record, load_model_module, model_names, option
 from plumbing.errors import ConfigError, arg, main_boundary, printable
 from plumbing.files import write_json
-from plumbing.models import build_model, load_model_module, model_names
 from plumbing.options import explicit_options, parse_simple, without
 from tools.bench import RUNS
 from tools.tables import chosen, command_line, each, hardware_name, read_results, update_readme

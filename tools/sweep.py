@@ -43,11 +43,10 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 
 from analysis.figures import import_pyplot, save_png
 from common import DTYPES, SIZES, autocast, model_from_checkpoint
-from plumbing.config import check_record, option
+from plumbing.config import check_record, load_model_module, option
 from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, printable
 from plumbing.files import (LogRecord, open_split, parse_json, read_checkpoint, read_meta, read_text, regular_file,
                             write_json, written)
-from plumbing.models import load_model_module
 from plumbing.options import explicit_options, parse_model_options, parse_simple, without
 from tools.bench import RUNS
 from tools.tables import chosen, each, hardware_name, number, read_results, shape_of, update_readme

@@ -16,10 +16,9 @@ if __name__ == "__main__":  # a library module, not a script: say so, and which 
              "e.g. `python train.py --help`")
 
 from common import SIZES
-from plumbing.config import check_record
+from plumbing.config import check_record, load_model_module
 from plumbing.errors import ConfigError, printable
 from plumbing.files import read_json, written
-from plumbing.models import load_model_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
