@@ -39,7 +39,8 @@ class TrainConfig:
     model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
     out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True, out="folder")
     resume: bool = option(False, "continue the run saved in out_dir")
-    size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model's", choices=("", *SIZES))
+    size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model file's own",
+                       choices=("", *SIZES))
     dataset: str = option("shakespeare", "data/<dataset>/{train,val}.bin from prepare.py")
     tokenizer: str = option("", "the tokenizer the data set must be prepared with (a preset's); '' = any")
     init_from: str = option("", "a Hugging Face Llama or Qwen3 folder: its architecture and the weights of the shared "
@@ -198,8 +199,8 @@ def wrap(raw_model, cfg, proc):
 # ---- one optimiser step, and evaluation
 
 def optimizer_step(model, raw_model, optimizer, cfg, iter_num, proc, batches, batch):
-    """Step iter_num: accum micro-steps from `batch`, gradients all-reduced on the last, the next batch read while the
-    device runs the forward (nanoGPT's order); (the mean loss, a tensor: reading it syncs the GPU; the next batch)."""
+    """Step iter_num: accum micro-steps from `batch` (gradients all-reduced on the last; the next batch read while the
+    device computes, nanoGPT's order). Returns the mean loss, a tensor (reading it syncs the GPU), and the next one."""
     for g in optimizer.param_groups:
         g["lr"] = g["base_lr"] * lr_factor(iter_num, cfg)
     step_loss = torch.zeros((), device=proc.device)
