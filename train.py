@@ -281,7 +281,7 @@ class Log:
     def step_done(self):
         self.tokens += self.tokens_per_step
         self.tokens_seen += self.tokens_per_step
-        self.console.step()
+        self.console.bar.update(1)
 
     def train_record(self, step, loss, lr):
         self.stop_clock()
@@ -448,8 +448,8 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
         note(f"--max_iters {cfg.max_iters} ends within the warm-up of {cfg.warmup_iters} steps: the learning rate "
              f"rises to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower "
              "--warmup_iters for a run that does")
-    if proc.rank == 0:
-        checks.settle_log(cfg.out_dir, saved_step)  # log.jsonl: the records up to the resumed step
+    if proc.rank == 0 and os.listdir(cfg.out_dir):  # an earlier run's files: log.jsonl up to the resumed step
+        checks.settle_log(cfg.out_dir, saved_step)
     model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)
     stop, handlers = catch_stop_signals()
@@ -488,7 +488,7 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
     except (KeyboardInterrupt, RuntimeError, OSError) as e:
         raise stopped(e, iter_num, saved_step, cfg, proc)
     finally:
-        log.console.close()  # the bar first: the lines below are not drawn into it
+        log.console.bar.close()  # the bar first: the lines below are not drawn into it
         for s, handler in handlers.items():
             signal.signal(s, handler)
     if proc.rank == 0:  # the run's last line: where it is, and what to run next

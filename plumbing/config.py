@@ -68,11 +68,15 @@ def check_field(f, value, label="--"):
     low, high = rule.get("min", rule.get("above")), rule.get("max", rule.get("below"))  # above, below: excluded
     if low is not None and (value < low or value == low and "above" in rule) or \
             high is not None and (value > high or value == high and "below" in rule):
-        out = " and ".join(str(rule[k]) for k in ("above", "below") if k in rule)
-        bounds = (f"between {low} and {high}{out and f' ({out} excluded)'}" if None not in (low, high)
-                  else f"{low} or more" if "min" in rule else f"above {low}" if "above" in rule
-                  else f"{high} or less" if "max" in rule else f"below {high}")
-        raise ValueError(f"{name} must be {bounds}, not {shown(value)}")
+        raise ValueError(f"{name} must be {bounds(rule, low, high)}, not {shown(value)}")
+
+
+def bounds(rule, low, high):
+    """A field's range in words: "between 0 and 1 (1 excluded)", "1 or more", "below 2"."""
+    out = " and ".join(str(rule[k]) for k in ("above", "below") if k in rule)
+    return (f"between {low} and {high}{out and f' ({out} excluded)'}" if None not in (low, high)
+            else f"{low} or more" if "min" in rule else f"above {low}" if "above" in rule
+            else f"{high} or less" if "max" in rule else f"below {high}")
 
 
 def check_record(record_class, value, path, fix):

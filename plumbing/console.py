@@ -26,9 +26,6 @@ class Console:
             self.wandb = wandb
             wandb.init(project=project, name=name or None, config=wandb_config)
 
-    def step(self):
-        self.bar.update(1)
-
     def record(self, record, line=False):
         """A record: a line of its own where line is True (an evaluation) or there is no bar, else the bar's text."""
         if not self.show:
@@ -40,9 +37,6 @@ class Console:
             self.bar.write(text)
         else:
             self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
-
-    def close(self):
-        self.bar.close()  # before any error line, so that it does not share the bar's line
 
 
 def short(record):

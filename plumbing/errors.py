@@ -7,6 +7,7 @@ memory that cannot be allocated, Ctrl-C. A closed pipe ends quietly, as cat does
 import contextlib
 import errno
 import os
+import pickle
 import re
 import shlex
 import signal
@@ -104,19 +105,30 @@ def naming(path):
 @contextlib.contextmanager
 def handling(path, fix, os_fix=None):
     """A block that hands the file at path to a library (torch.load, load_state_dict, safetensors, json): what it
-    raises on a bad file ends in one ConfigError naming path and fix, an OSError in one with os_fix. Keep the block
-    to the library's calls: an error of the repository's own code in it would read as the file's."""
+    raises on a bad file ends in one ConfigError naming path and fix (file_line). Keep the block to the library's
+    calls: an error of the repository's own code in it would read as the file's."""
     try:
         yield
-    except (ConfigError, RunError, KeyboardInterrupt, MemoryError):
-        raise
-    except OSError as e:
-        raise ConfigError(os_error_line(e, path, os_fix)) from e
     except Exception as e:
-        if allocation_failure(e) is not None:
+        line = file_line(e, path, fix, os_fix)
+        if line is None:
             raise
-        reason = " ".join(str(e).split())[:150] or type(e).__name__
-        raise ConfigError(f"cannot use {printable(path)} ({type(e).__name__}: {reason}); {fix}") from e
+        raise ConfigError(line) from e
+
+
+def file_line(e, path, fix, os_fix):
+    """The line of what a library raised on the file at path: an OSError's with os_fix, another's with fix; None
+    for an error that is already a line, or memory that cannot be allocated."""
+    if isinstance(e, (ConfigError, RunError, MemoryError)) or allocation_failure(e) is not None:
+        return None
+    if isinstance(e, OSError):
+        return os_error_line(e, path, os_fix)
+    unsafe = re.search(r"GLOBAL (\S+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+    if unsafe:  # torch.load(weights_only=True) refused a global
+        return (f"{printable(path)} holds {unsafe[1]}: unpickling it could run code, so it was not loaded; use a file "
+                "that train.py wrote, from a source you trust")
+    reason = " ".join(str(e).split())[:150] or type(e).__name__
+    return f"cannot use {printable(path)} ({type(e).__name__}: {reason}); {fix}"
 
 
 def allocation_failure(error):
@@ -140,22 +152,31 @@ def main_boundary(main, memory_fix="use a smaller batch or model, or a device wi
     try:
         main(sys.argv[1:])
         sys.stdout.flush()  # a closed pipe shows here, inside the boundary
-    except BrokenPipeError:  # the reader went away: stop quietly, as cat does
+    except (Exception, KeyboardInterrupt) as e:
+        line = error_line(e, memory_fix)
+        if line is None:
+            raise  # a bug: its traceback
+        fail(line, every_rank=isinstance(e, PeerLost))
+
+
+def error_line(e, memory_fix):
+    """The one line a script ends in for e, None for a bug; a closed pipe (the reader went away) ends quietly, as
+    cat does."""
+    if isinstance(e, BrokenPipeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
-    except KeyboardInterrupt:
-        fail("interrupted; nothing was lost that had been saved")
-    except (ConfigError, RunError, OSError, MemoryError, RuntimeError) as e:
-        size = allocation_failure(e)
-        if not isinstance(e, (ConfigError, RunError, OSError)) and size is None:
-            raise
-        if torch.distributed.is_initialized() and not isinstance(e, PeerLost):
-            torch.distributed.destroy_process_group()
-        if isinstance(e, OSError):
-            fail(os_error_line(e))
-        if size is not None and not isinstance(e, (ConfigError, RunError)):
-            fail(f"out of memory: an allocation{size} failed; {memory_fix}")
-        fail(f"{e}; {memory_fix}" if isinstance(e, OutOfMemory) else str(e), every_rank=isinstance(e, PeerLost))
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted; nothing was lost that had been saved"
+    size = allocation_failure(e)
+    if not isinstance(e, (ConfigError, RunError, OSError)) and size is None:
+        return None
+    if torch.distributed.is_initialized() and not isinstance(e, PeerLost):
+        torch.distributed.destroy_process_group()
+    if isinstance(e, OSError):
+        return os_error_line(e)
+    if size is not None and not isinstance(e, (ConfigError, RunError)):
+        return f"out of memory: an allocation{size} failed; {memory_fix}"
+    return f"{e}; {memory_fix}" if isinstance(e, OutOfMemory) else str(e)
 
 
 # ---- a training run that stops: the one line it ends in, and what it keeps

@@ -9,8 +9,6 @@ import difflib
 import glob
 import json
 import os
-import pickle
-import re
 import shlex
 import stat
 import sys
@@ -248,8 +246,12 @@ def checkpoint_path(out_dir):
     return out_dir if out_dir.endswith(".pt") else os.path.join(out_dir, "ckpt.pt")
 
 
-def missing_run_hint(folder):
-    """What to do where --out_dir holds no checkpoint: a run in it or in out/, or train one where that makes sense."""
+def missing_run_hint(path):
+    """What to do where there is no checkpoint at path: a run beside it or in out/, or train one where that makes
+    sense."""
+    folder = os.path.dirname(path) or "."
+    if os.path.basename(path) != "ckpt.pt":
+        return f"pass an existing .pt file or a run folder{perhaps(folder)}"
     runs = sorted({f for d in (folder, "out") for f in [d, *glob.glob(os.path.join(glob.escape(d), "*"))]
                    if os.path.isfile(os.path.join(f, "ckpt.pt"))})
     if runs:
@@ -264,23 +266,11 @@ def missing_run_hint(folder):
 def read_checkpoint(path, keys=(), mmap=False):
     """The dict train.py saved at path, read with weights_only (it runs no code), with keys, held to Checkpoint."""
     fix = "restore it from a copy, or train again"
-    try:
-        os.stat(path)  # (any other OSError, a link that loops, is the boundary's to say)
-    except FileNotFoundError:
-        folder = os.path.dirname(path) or "."
-        hint = missing_run_hint(folder) if os.path.basename(path) == "ckpt.pt" else \
-            f"pass an existing .pt file or a run folder{perhaps(folder)}"
-        raise ConfigError(f"no checkpoint at {printable(path)}; {hint}")
+    if not os.path.lexists(path):  # (a link to nothing is regular_file's to say, one that loops the boundary's)
+        raise ConfigError(f"no checkpoint at {printable(path)}; {missing_run_hint(path)}")
     regular_file(path, "the checkpoint", "pass a run folder that holds train.py's ckpt.pt")
     with handling(path, f"the file is truncated, empty or not a checkpoint; {fix}"):
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except pickle.UnpicklingError as e:  # weights_only refused a global; handling() says what any other means
-            found = re.search(r"GLOBAL (\S+)", str(e))
-            if found:
-                raise ConfigError(f"the checkpoint {printable(path)} holds {found.group(1)}: unpickling it could run "
-                                  "code, so it was not loaded; use one that train.py wrote, from a source you trust")
-            raise
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     if not isinstance(ckpt, dict) or "model_name" not in ckpt:
         bare = isinstance(ckpt, dict) and ckpt and all(torch.is_tensor(v) for v in ckpt.values())
         raise ConfigError(f"{printable(path)} is not a checkpoint of train.py: it has no model_name"

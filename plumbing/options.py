@@ -72,18 +72,11 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     """(config, model options as a dict, model module, names set explicitly): defaults < presets < command line."""
     n = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))  # the leading arguments: presets
     files, rest, given = argv[:n], argv[n:], explicit_options(argv[n:])
-    from_files, origin = {}, {}  # origin: where a preset set each value ("file line N")
-    for values, where in map(read_config_file, files):
-        from_files.update(values)
-        origin.update(where)
-    checked(config_class, from_files, origin)  # a preset's values are Python values: checked as they are, first
+    from_files, origin = read_presets(files, config_class) if files else ({}, {})  # "file line N" of each value
     pre = ArgumentParser(prog=prog, add_help=False)  # the model, and the data set whose vocabulary --help shows
     pre.add_options(config_class, None, from_files)
     early = pre.parse_known_args(rest)[0]
     module = load_model_module(early.model)
-    checked(module.GPTConfig, from_files, origin)
-    train_fields = {f.name for f in dataclasses.fields(config_class)}
-    model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
     parser = ArgumentParser(prog=prog, description=doc, model=early.model, owned=owned,
                             usage="%(prog)s [preset.py ...] [--option value ...]")
     parser.add_options(config_class, "training", from_files)
@@ -92,16 +85,14 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     except (ConfigError, TypeError, ValueError):  # none yet, or a preset's --data_dir is no path: said below
         data_vocab = {}
     parser.add_options(module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
-    unknown = sorted(set(from_files) - train_fields - model_fields)
-    if unknown:  # named as on the command line: the closest option, or the model file that has it
-        hints = "".join(f" ({h})" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
-        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(unknown)}{hints}; a preset "
-                          "sets options only (base = \"x.py\" layers it on another preset)")
+    if files:
+        check_presets(parser, files, from_files, origin, config_class, module.GPTConfig)
     args = vars(parser.parse_args(rest))
     args.update((k, v) for k, v in from_files.items() if k not in given)  # a preset's Python values, as they are
     where = lambda name: f" (set in {origin[name]})" if name in origin and name not in given else ""  # noqa: E731
+    model_fields = {f.name for f in dataclasses.fields(module.GPTConfig)}
     try:
-        cfg = make_config(config_class, **{k: v for k, v in args.items() if k in train_fields})
+        cfg = make_config(config_class, **{k: v for k, v in args.items() if k not in model_fields})
         model_args = {k: v for k, v in args.items() if k in model_fields}
         make_config(module.GPTConfig, **model_args)  # its rules, before any data is read
     except (ValueError, TypeError) as e:  # a field's own rules (OptionError), or __post_init__'s, "--name ..."
@@ -111,6 +102,27 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
                           f"{data_vocab['vocab_size']}; drop the option{where('vocab_size')}")
     check_paths(cfg)
     return cfg, model_args, module, set(from_files) | given
+
+
+def read_presets(files, config_class):
+    """(the presets' values, where each was set), those of config_class checked: Python values, checked as they are,
+    before the model they name is loaded."""
+    values, origin = {}, {}
+    for v, where in map(read_config_file, files):
+        values.update(v)
+        origin.update(where)
+    checked(config_class, values, origin)
+    return values, origin
+
+
+def check_presets(parser, files, values, origin, config_class, model_config):
+    """ConfigError naming the preset line of a model option that breaks its rules, or the options no field has."""
+    checked(model_config, values, origin)
+    unknown = sorted(set(values) - {f.name for c in (config_class, model_config) for f in dataclasses.fields(c)})
+    if unknown:  # named as on the command line: the closest option, or the model file that has it
+        hints = "".join(f" ({h})" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
+        raise ConfigError(f"{', '.join(files)} sets unknown option(s) {', '.join(unknown)}{hints}; a preset "
+                          "sets options only (base = \"x.py\" layers it on another preset)")
 
 
 def checked(config_class, values, origin):
