@@ -24,12 +24,12 @@ import torch
 
 from common import DTYPES, SIZES, autocast, peak_flops, resolve_device, resolve_dtype, synchronize
 from hf import convert
-from plumbing import checks
 from plumbing.config import build_model, check_model_args, model_names, option
 from plumbing.console import Console
 from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, naming, note,
                              printable, stopped)
-from plumbing.files import open_split, read_checkpoint, read_meta, save_checkpoint, to_json
+from plumbing.files import (check_run, note_changes, open_split, read_checkpoint, read_meta, read_resume, run_folder,
+                            save_checkpoint, settle_log, to_json)
 from plumbing.options import parse_model_options
 
 
@@ -298,7 +298,7 @@ class Log:
             self.console.record(record, line=show)
 
 
-# ---- what a resumed run keeps (checked in plumbing/checks.py first)
+# ---- what a resumed run keeps (checked in plumbing/files.py first)
 
 def resumed(cfg, proc, explicit, ckpt, T):
     """(cfg, micro-steps per process, tokens seen) of a run that continues the saved one; notes say what it keeps."""
@@ -311,7 +311,7 @@ def resumed(cfg, proc, explicit, ckpt, T):
         cfg = dataclasses.replace(cfg, lr_decay_iters=horizon)  # which the next checkpoint saves again
         note(f"the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as saved, not "
              f"at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step")
-    checks.note_changes(cfg, ckpt, lr_factor)  # what the options change of the saved run: its data, schedule, ...
+    note_changes(cfg, ckpt, lr_factor)  # what the options change of the saved run: its data, schedule, ...
     # the global batch it was saved with, shared by this run's processes, so that it reads the windows the
     # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
     accum, steps = proc.accum, run.get("gradient_accumulation_steps")
@@ -389,7 +389,7 @@ def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
     # the run folder, taken before the checks and held to the end: a second run in it, new or resumed, is refused
-    with checks.run_folder(cfg.out_dir, take=proc.rank == 0):
+    with run_folder(cfg.out_dir, take=proc.rank == 0):
         run(*prepare(cfg, model_args, module, explicit, proc))
     if proc.world > 1:
         torch.distributed.destroy_process_group()
@@ -399,9 +399,9 @@ def prepare(cfg, model_args, module, explicit, proc):
     """Every check, before anything in out_dir is written, and what the run trains: (cfg, model_args, explicit,
     proc, data, the model, its optimiser, meta, the step it starts at); a resumed run's state is restored."""
     meta = read_meta(cfg.data_dir, cfg.dataset, cfg.tokenizer)  # of the tokenizer a preset asks for
-    checks.check_run(cfg)
+    check_run(cfg)
     if cfg.resume:  # the run saved in out_dir, checked against this command's options and data; its architecture
-        ckpt = checks.read_resume(cfg, model_args, explicit, meta)
+        ckpt = read_resume(cfg, model_args, explicit, meta)
         model_args = dataclasses.asdict(check_model_args(module, ckpt["model_args"], f"{cfg.out_dir}'s model_args"))
         cfg, proc.accum, tokens_seen = resumed(cfg, proc, explicit, ckpt, model_args["block_size"])
     else:
@@ -449,7 +449,7 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
              f"rises to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower "
              "--warmup_iters for a run that does")
     if proc.rank == 0 and os.listdir(cfg.out_dir):  # an earlier run's files: log.jsonl up to the resumed step
-        checks.settle_log(cfg.out_dir, saved_step)
+        settle_log(cfg.out_dir, saved_step)
     model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)
     stop, handlers = catch_stop_signals()

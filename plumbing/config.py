@@ -82,10 +82,10 @@ def bounds(rule, low, high):
 def check_record(record_class, value, path, fix):
     """value, a file's object of fields, once the fields record_class declares (required=True: must be there) and
     its __post_init__ hold (other fields are another version's); else ConfigError naming path, the field and fix."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{printable(path)} is {shown(type(value).__name__, False)}, not an object of fields; {fix}")
-    declared = [f for f in dataclasses.fields(record_class) if f.name in value or f.metadata.get("required")]
     try:
+        if not isinstance(value, dict):
+            raise ValueError(f"it is {shown(type(value).__name__, False)}, not an object of fields")
+        declared = [f for f in dataclasses.fields(record_class) if f.name in value or f.metadata.get("required")]
         for f in declared:
             if f.name not in value:
                 raise ValueError(f"its field {f.name} is missing")
@@ -124,12 +124,10 @@ def build_model(module, model_args, source="the options"):
 def check_model_args(module, model_args, source):
     """module.GPTConfig of model_args once its rules pass and the model fits in memory (float32 weights and one
     window's logits, from the options alone: building one too large would fail, or take minutes first)."""
-    extra = set(model_args) - {f.name for f in dataclasses.fields(module.GPTConfig)}
-    if extra:
-        raise ConfigError(f"{source} has config fields {', '.join(sorted(extra))} that {module.__name__}.py does "
-                          "not know; it was saved by another version of that file")
     try:
         c = make_config(module.GPTConfig, **model_args)
+    except TypeError as e:  # "GPTConfig.__init__() got an unexpected keyword argument 'x'"
+        raise ConfigError(f"{source}: {e}: it was saved by another version of {module.__name__}.py")
     except ValueError as e:
         raise ConfigError(f"{e} ({module.__name__}.py, from {source})")
     head_dim = c.head_dim or c.n_embd // c.n_head  # float32 bytes of vanilla's weights, which every model file has

@@ -93,13 +93,16 @@ def os_error_line(e, path=None, fix=None):
 
 @contextlib.contextmanager
 def naming(path):
-    """An OSError in the block that names no file (a write to an open file, its close) names path: the file the
-    user knows, where the block writes a temporary one."""
+    """An OSError in the block that names no file (a write to an open file, its close, one that torch's zip writer
+    wraps in a RuntimeError) names path: the file the user knows, where the block writes a temporary one."""
     try:
         yield
-    except OSError as e:
-        e.filename = e.filename or os.fsdecode(path)
-        raise
+    except (OSError, RuntimeError) as e:
+        error = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(error, OSError):
+            raise
+        error.filename = error.filename or os.fsdecode(path)
+        raise error
 
 
 @contextlib.contextmanager

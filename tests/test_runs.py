@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from plumbing import checks
+from plumbing.files import run_folder
 from plumbing.files import read_checkpoint
 from conftest import ROOT, TINY, run_script, shakespeare_sample
 from test_errors import assert_one_error_line, checksums
@@ -104,7 +104,7 @@ def test_a_new_run_moves_an_old_log_aside(data, tmp_path):
 def test_a_second_run_in_the_same_folder_is_refused(data, saved_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(saved_run, run)
-    with checks.run_folder(str(run)):  # as a run in progress holds it
+    with run_folder(str(run)):  # as a run in progress holds it
         before = checksums(run)
         code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", run, "--resume",
                                                "--max_iters=8"], capsys)
@@ -117,7 +117,7 @@ def test_the_run_folder_is_taken_before_the_checks_and_a_refused_new_run_leaves_
     """The folder of a new run is made and locked before its checks (a second run is refused from then on); a run
     refused by a check removes the folders it made, so that it leaves nothing behind."""
     new = tmp_path / "runs" / "new"
-    with checks.run_folder(str(new)):
+    with run_folder(str(new)):
         assert new.is_dir() and os.listdir(new) == []  # nothing inside: the lock is the folder's own
         code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", new], capsys)
         assert_one_error_line(code, err, "another run is writing to")
