@@ -37,7 +37,7 @@ from plumbing.options import parse_model_options
 class TrainConfig:
     # I/O
     model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
-    out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path=True, out="folder")
+    out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path="out")  # made where the run starts
     resume: bool = option(False, "continue the run saved in out_dir")
     size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model file's own",
                        choices=("", *SIZES))

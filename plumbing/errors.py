@@ -76,16 +76,18 @@ FULL, LIMIT, FILES = "free some space", "raise the file-size limit (ulimit -f) o
 FIXES = {errno.ENOSPC: FULL, errno.EDQUOT: FULL, errno.EFBIG: LIMIT, errno.EMFILE: FILES, errno.ENFILE: FILES,
          errno.EACCES: "check its permissions", errno.EPERM: "check its permissions",
          errno.EROFS: "choose a folder you can write", errno.ENAMETOOLONG: "choose a shorter name",
-         errno.ELOOP: "fix the symbolic link that loops"}
+         errno.ELOOP: "fix the symbolic link that loops", errno.EEXIST: "move away what is in its way",
+         errno.ENOTDIR: "move away the file in its way"}
 OPTION_PATHS = {}  # a path the user gave -> its option (--out_dir), registered by plumbing/options.py
 
 
 def os_error_line(e, path=None, fix=None):
     """The one line of an OSError: the file, what the system said, what its errno calls for, and fix (else: choose
-    another value of the option whose path holds the file)."""
+    another value of the option whose path holds the file, or lies in it: a folder made for it)."""
     path = path or e.filename
     full = os.path.abspath(os.fsdecode(path)) if path else ""
-    options = [(len(p), o) for p, o in OPTION_PATHS.items() if (full + os.sep).startswith(os.path.abspath(p) + os.sep)]
+    options = [(len(p), o) for p, o in OPTION_PATHS.items() if full and os.path.commonpath(
+        [full, os.path.abspath(p)]) in (full, os.path.abspath(p))]
     fix = fix or (f"choose another {max(options)[1]}" if options else "")
     return (f"cannot use{' ' + printable(path) if path else ''}: {e.strerror or type(e).__name__}; "
             f"{FIXES.get(e.errno, 'check the path')}{', or ' + fix if fix else ''}, then run the same command again")
@@ -185,9 +187,8 @@ def error_line(e, memory_fix):
 # ---- a training run that stops: the one line it ends in, and what it keeps
 
 def catch_stop_signals():
-    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, which the training loop reads
-    between two steps (a KeyboardInterrupt raised where the signal lands can be swallowed by a library's cleanup,
-    and training would go on); the first says so at once, a second interrupts at once."""
+    """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, read between two steps (a
+    KeyboardInterrupt where the signal lands can be swallowed by a library's cleanup); a second interrupts at once."""
     stop = []
 
     def handler(signum, frame):

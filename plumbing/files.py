@@ -63,8 +63,7 @@ def read_text(path, what, fix, limit=FILE_BYTES):
     if os.path.getsize(regular_file(path, what, fix)) > limit:
         raise ConfigError(f"{what} {printable(path)} holds {os.path.getsize(path):,} bytes, more than the {limit:,} "
                           f"such a file may; {fix}")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = pathlib.Path(path).read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
