@@ -34,8 +34,11 @@ class OptionError(ValueError):
 
 def shown(value, quote=True):
     """value as a message shows it: a huge integer by its size, a long text cut short."""
-    text = f"an integer of {value.bit_length():,} bits" if type(value) is int and value.bit_length() > 64 else \
-        repr(value) if quote else str(value)
+    try:
+        text = f"an integer of {value.bit_length():,} bits" if type(value) is int and value.bit_length() > 64 else \
+            repr(value) if quote else str(value)
+    except ValueError:  # a huge integer inside a list or dict: too long for Python to print
+        text = f"a {type(value).__name__} that holds an integer too long to print"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -76,8 +76,8 @@ FULL, LIMIT, FILES = "free some space", "raise the file-size limit (ulimit -f) o
 FIXES = {errno.ENOSPC: FULL, errno.EDQUOT: FULL, errno.EFBIG: LIMIT, errno.EMFILE: FILES, errno.ENFILE: FILES,
          errno.EACCES: "check its permissions", errno.EPERM: "check its permissions",
          errno.EROFS: "choose a folder you can write", errno.ENAMETOOLONG: "choose a shorter name",
-         errno.ELOOP: "fix the symbolic link that loops", errno.EEXIST: "move away what is in its way",
-         errno.ENOTDIR: "move away the file in its way"}
+         errno.ELOOP: "fix the symbolic link that loops", errno.EEXIST: "a file is in the way of a folder: move it",
+         errno.ENOTDIR: "a part of the path is a file, not a folder"}
 OPTION_PATHS = {}  # a path the user gave -> its option (--out_dir), registered by plumbing/options.py
 
 

@@ -17,7 +17,7 @@ from plumbing.config import OptionError, check_config, load_model_module, make_c
 from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
 from plumbing.files import read_meta, read_text, regular_file
 
-PRESET_BYTES, PRESET_DEPTH, PRESET_INT_BITS = 1_000_000, 16, 64  # a preset's size, its base chain, its integers
+PRESET_BYTES, PRESET_DEPTH = 1_000_000, 16  # a preset's size, its chain of base presets
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -77,6 +77,8 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     pre.add_options(config_class, None, from_files)
     early = pre.parse_known_args(rest)[0]
     module = load_model_module(early.model)
+    if files:  # the model file's values too, before --help shows them
+        checked(module.GPTConfig, from_files, origin)
     parser = ArgumentParser(prog=prog, description=doc, model=early.model, owned=owned,
                             usage="%(prog)s [preset.py ...] [--option value ...]")
     parser.add_options(config_class, "training", from_files)
@@ -86,7 +88,7 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
         data_vocab = {}
     parser.add_options(module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
     if files:
-        check_presets(parser, files, from_files, origin, config_class, module.GPTConfig)
+        check_unknown(parser, files, from_files, config_class, module.GPTConfig)
     args = vars(parser.parse_args(rest))
     args.update((k, v) for k, v in from_files.items() if k not in given)  # a preset's Python values, as they are
     where = lambda name: f" (set in {origin[name]})" if name in origin and name not in given else ""  # noqa: E731
@@ -115,9 +117,8 @@ def read_presets(files, config_class):
     return values, origin
 
 
-def check_presets(parser, files, values, origin, config_class, model_config):
-    """ConfigError naming the preset line of a model option that breaks its rules, or the options no field has."""
-    checked(model_config, values, origin)
+def check_unknown(parser, files, values, config_class, model_config):
+    """ConfigError naming the options the presets set that no field has, with the closest option or its model file."""
     unknown = sorted(set(values) - {f.name for c in (config_class, model_config) for f in dataclasses.fields(c)})
     if unknown:  # named as on the command line: the closest option, or the model file that has it
         hints = "".join(f" ({h})" for h in map(parser.hint, (f"--{name}" for name in unknown)) if h)
@@ -155,10 +156,6 @@ def read_config_file(path, within=()):
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             raise ConfigError(f"{at}: the value of {target.id} is not a literal (a number, string, True/False/None, "
                               "or a list, tuple or dict of them); a preset is read, not run: write the value itself")
-        bits = max([n.value.bit_length() for n in ast.walk(node.value) if type(getattr(n, "value", "")) is int] or [0])
-        if bits > PRESET_INT_BITS:  # more than an option takes, and too long even to print
-            raise ConfigError(f"{at}: the value of {target.id} holds an integer of {bits:,} bits, more than an option "
-                              f"takes ({PRESET_INT_BITS}); write the number an option takes")
         where[target.id] = f"{path} line {node.lineno}"
     base = values.pop("base", None)
     if base is None:

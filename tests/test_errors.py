@@ -103,7 +103,7 @@ TRAIN_CASES = [
     ("dtype_float16", ["--out_dir={new}", "--dtype=float16"], "--dtype float16", None, None, ""),
     *[(f"device_{d}", ["--out_dir={new}", f"--device={d}"], f"--device {d}", None, None, "") for d in [*CUDA, NO_GPU]],
     ("preset_syntax_error", ["{preset}", "--out_dir={new}"], "line 2", None, None, ""),
-    ("out_dir_is_a_file", ["--out_dir={file}"], "is a file", None, None, ""),
+    ("out_dir_is_a_file", ["--out_dir={file}"], "File exists; a file is in the way of a folder", None, None, ""),
     ("block_size_over_val", ["--out_dir={new}", "--block_size=299"], "the val split of shakespeare holds 300 tokens",
      None, None, ""),
     ("bin_odd_bytes", ["--out_dir={new}"], "holds 8001 bytes, not the 4000 uint16 tokens", "odd_bytes", None, ""),

@@ -331,7 +331,8 @@ def test_presets_are_read_within_limits_and_name_where_a_value_was_set(data, tmp
     cases["child.py"] = 'base = "base.py"\nmax_iters = 3\nweight_decay = -1\n'
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
-    expect = {"huge.py": "huge.py line 1: the value of max_iters holds an integer of 20,000 bits",
+    expect = {"huge.py": "--max_iters must be a finite number that fits in 64 bits, not an integer of 20,000 bits (set "
+                         f"in {tmp_path / 'huge.py'} line 1)",
               "big.py": "holds 1,000,004 bytes, more than the 1,000,000",
               "chain0.py": "base presets is more than 16 files long",
               "child.py": "--weight_decay must be 0 or more, not -1 (set in " + str(tmp_path / "child.py") + " line 3)"}
