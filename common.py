@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 
 from plumbing.errors import ConfigError, handling
-from plumbing.files import checkpoint_path, read_checkpoint, read_object
+from plumbing.files import checkpoint_path, read_checkpoint, read_json
 from plumbing.config import build_model, load_model_module
 
 # ----------------------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def hf_tokenizer(folder):
     eot = next((vocab[n] for n in EOT_NAMES if n in vocab), None)
     config = os.path.join(folder, "tokenizer_config.json")
     if eot is None and os.path.isfile(config):
-        eos = read_object(config, "the tokenizer's config", "save the tokenizer again").get("eos_token")
+        eos = read_json(config, "the tokenizer's config", "save the tokenizer again").get("eos_token")
         eot = vocab.get(eos.get("content") if isinstance(eos, dict) else eos)
     if eot is None:
         raise ConfigError(f"{path} has no end-of-text token ({', '.join(EOT_NAMES)}, or tokenizer_config.json's "

@@ -43,7 +43,7 @@ from safetensors.torch import save_file
 
 from common import hf_tokenizer, need
 from plumbing.errors import ConfigError, arg, handling, note
-from plumbing.files import read_object, regular_file, to_json
+from plumbing.files import read_json, regular_file, to_json
 from plumbing.config import build_model, model_names
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # model_type -> class
@@ -118,7 +118,7 @@ def read_config(folder):
     """The shared model options (architecture, not block_size or dropout) of the Llama or Qwen3 model in folder,
     from its config.json; their values are checked where the model is built (its GPTConfig's rules)."""
     path = os.path.join(folder, "config.json")
-    c = read_object(path, "--init_from's config.json", FOLDER_FIX)
+    c = read_json(path, "--init_from's config.json", FOLDER_FIX)
     kind, archs = c.get("model_type"), c.get("architectures") or []
     if kind not in ARCHITECTURES or any(a != ARCHITECTURES[kind] for a in archs):
         what = f"a {kind} model" + (f" ({', '.join(map(str, archs))})" if archs else "")
@@ -155,7 +155,7 @@ def read_custom(folder, module):
     """The model_args of a custom-code folder for module's model file (checked as the model is built); ConfigError,
     naming the fix, for a folder of another model file, a missing file, a config.json not such a folder's."""
     path = os.path.join(folder, "config.json")
-    c = read_object(path, "--init_from's config.json", FOLDER_FIX)
+    c = read_json(path, "--init_from's config.json", FOLDER_FIX)
     name, args = c.get("model_name"), c.get("model_args")
     if not isinstance(name, str) or not isinstance(args, dict):
         raise ConfigError(f"{path} lacks model_name or model_args; export the run again with `python -m hf.export`")
@@ -173,7 +173,7 @@ def read_custom(folder, module):
 
 def is_custom(folder):
     """Whether folder's config.json is that of a custom-code folder export() wrote (its model_type)."""
-    return read_object(os.path.join(folder, "config.json"), "--init_from's config.json",
+    return read_json(os.path.join(folder, "config.json"), "--init_from's config.json",
                        FOLDER_FIX).get("model_type") == CUSTOM
 
 
@@ -211,7 +211,7 @@ def load_folder(model, folder, meta=False):
     index = os.path.join(folder, "model.safetensors.index.json")
     files = ["model.safetensors"]
     if os.path.exists(index):
-        weight_map = read_object(index, "the index", FOLDER_FIX).get("weight_map")
+        weight_map = read_json(index, "the index", FOLDER_FIX).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise ConfigError(f"{index} has no weight_map of file names; {FOLDER_FIX}")
         files = sorted(set(weight_map.values()))
@@ -276,7 +276,7 @@ def export(model_name, state, model_args, to, meta, source_folder=None, dtype=to
     files, dtype_name = tokenizer_files(meta, tokenizer), str(dtype).removeprefix("torch.")
     if model_name == "vanilla":  # transformers' own Llama or Qwen3
         path = os.path.join(source_folder or "", "config.json")  # of the folder the run started from, if it is there
-        source = (read_object(path, "the config.json of --init_from", "restore that folder, or move it away")
+        source = (read_json(path, "the config.json of --init_from", "restore that folder, or move it away")
                   if source_folder and os.path.isfile(path) else {})
         config = {**hf_config(model_args, source, meta.get("eot_token")), "torch_dtype": dtype_name}
         tensors = {to_hf_name(k): t.detach().to("cpu", dtype).contiguous()

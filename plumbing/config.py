@@ -24,14 +24,6 @@ def option(default, doc, **rules):
     return dataclasses.field(default=default, metadata=dict(doc=doc, **rules))
 
 
-class OptionError(ValueError):
-    """A value that breaks its option's rules; name: the option (its field's name)."""
-
-    def __init__(self, name, message):
-        super().__init__(message)
-        self.name = name
-
-
 def shown(value, quote=True):
     """value as a message shows it: a huge integer by its size, a long text cut short."""
     try:
@@ -43,12 +35,13 @@ def shown(value, quote=True):
 
 
 def check_config(config_class, values):
-    """OptionError naming the first field of config_class whose value in values (else its default) breaks its rules."""
+    """ValueError, its .name the field's, for the first field of config_class whose value breaks its rules."""
     for f in dataclasses.fields(config_class):
         try:
             check_field(f, values.get(f.name, f.default))
         except ValueError as e:
-            raise OptionError(f.name, str(e))
+            e.name = f.name
+            raise
 
 
 def check_field(f, value, label="--"):

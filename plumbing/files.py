@@ -83,20 +83,17 @@ def parse_json(text):
         raise ValueError("nested too deep") from None
 
 
-def read_json(path, what, fix, record=None):
-    """The JSON value of the file at path, held to record (a dataclass of its fields) where one is given."""
+@dataclasses.dataclass
+class AnyFields:
+    """An object of fields, whatever they are: another program's file (a Hugging Face config.json)."""
+
+
+def read_json(path, what, fix, record=AnyFields):
+    """The JSON object of the file at path, held to record: a dataclass of the fields it declares."""
     text = read_text(path, what, fix)
     with handling(path, fix):
         value = parse_json(text)
-    return check_record(record, value, path, fix) if record else value
-
-
-def read_object(path, what, fix):
-    """The JSON object of the file at path; ConfigError for any other value."""
-    value = read_json(path, what, fix)
-    if not isinstance(value, dict):
-        raise ConfigError(f"{what} {printable(path)} is not a JSON object; {fix}")
-    return value
+    return check_record(record, value, path, fix)
 
 
 def to_json(value, **kwargs):

@@ -13,7 +13,7 @@ import tempfile
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/options.py is a library module (every script's options); run `python train.py --help`")
 
-from plumbing.config import OptionError, check_config, load_model_module, make_config, model_names
+from plumbing.config import check_config, load_model_module, make_config, model_names
 from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
 from plumbing.files import read_meta, read_text, regular_file
 
@@ -97,7 +97,7 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
         cfg = make_config(config_class, **{k: v for k, v in args.items() if k not in model_fields})
         model_args = {k: v for k, v in args.items() if k in model_fields}
         make_config(module.GPTConfig, **model_args)  # its rules, before any data is read
-    except (ValueError, TypeError) as e:  # a field's own rules (OptionError), or __post_init__'s, "--name ..."
+    except (ValueError, TypeError) as e:  # a field's own rules (.name), or __post_init__'s, "--name ..."
         raise ConfigError(f"{e}{where(getattr(e, 'name', str(e).partition(' ')[0][2:]))}")
     if "vocab_size" in given | set(from_files) and data_vocab and model_args["vocab_size"] < data_vocab["vocab_size"]:
         raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
@@ -131,7 +131,7 @@ def checked(config_class, values, origin):
     try:
         check_config(config_class, {f.name: values[f.name] for f in dataclasses.fields(config_class)
                                     if f.name in values})
-    except OptionError as e:
+    except ValueError as e:  # check_config's, with the field's .name
         raise ConfigError(f"{e} (set in {origin[e.name]})")
 
 
