@@ -1,0 +1,311 @@
+"""
+DWA: DenseFormer's depth-weighted average, a learned linear mix over depth after every block.
+
+Paper: "DenseFormer: Enhancing Information Flow in Transformers via Depth Weighted Averaging", by Pagliardini,
+Mohtashami, Fleuret and Jaggi (NeurIPS 2024, arXiv 2402.02622); code: epfml/DenseFormer. Not one of the compared
+papers: the cheap baseline practitioners train with. model_vanilla.py with one change in GPT.forward:
+    X_0 = the embedding output,  X_i = Block_i(Y_{i-1})  (i = 1..L, the unchanged block;  Y_0 = X_0)
+    Y_i = sum_{j=0..i} alpha_{i,j} X_j        learned scalars: signed, unnormalised
+Block i+1 reads Y_i; the final norm and head read Y_L. At the start alpha_{i,i} = 1 and the rest 0: Y_i = X_i, the
+model is vanilla exactly. L(L+3)/2 extra parameters; the mixes are elementwise (flops_per_token is vanilla's).
+dwa_map keeps only the connections practitioners use (learned, the same identity start):
+    x0:    alpha_{i,i} and alpha_{i,0} (nanochat's resid and x0 lambdas): 2L scalars
+    unet:  alpha_{i,i}, and for L/2 < i < L alpha_{i,L-i}, the pair of model_vertical.py's U-Net map
+           (modded-nanogpt's U-net skips): L + ceil(L/2) - 1 scalars
+Dilation k and period p (the paper's k x p models): a DWA after every p-th block only, over the X_j with i - j
+divisible by k p; 1 x 1 is the default. alpha is trained as DenseFormer's code trains it: each row a Linear(n, 1)
+weight there, weight-decayed at the model's learning rate (experiments/models/denseformer.py at c99a623); here a
+(1, n) matrix, which vanilla's param_groups decays alike. docs/dwa.md: the readings, the relations to the other
+files and to nanochat and modded-nanogpt.
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODIFIED = ("GPTConfig", "GPTConfig.__post_init__", "GPT.__init__", "GPT.forward")  # differ from model_vanilla.py
+VARIANTS = {"x0": dict(dwa_map="x0"), "unet": dict(dwa_map="unet")}  # configurations the contract suite also tests
+
+
+def option(default, doc, **rules):
+    """A config field with its --help text and its constraints (min / max, above / below, choices), which the
+    scripts check (plumbing.config.check_config) before they build a model."""
+    return field(default=default, metadata=dict(doc=doc, **rules))
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = option(256, "vocabulary size; train.py sets it from the data's meta.json", min=1)
+    block_size: int = option(256, "context length in tokens", min=1)
+    n_layer: int = option(6, "number of transformer blocks", min=1)
+    n_head: int = option(4, "query heads", min=1)
+    n_kv_head: int = option(2, "key/value heads (grouped-query attention); must divide n_head", min=1)
+    n_embd: int = option(128, "model width d; n_head must divide it into an even head size", min=1)
+    ffn_hidden: int = option(512, "SwiGLU hidden size", min=1)
+    rope_theta: float = option(10000.0, "RoPE base: the longest rotary wavelength", above=1)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", above=0, max=1)
+    dropout: float = option(0.0, "dropout probability in training", min=0, below=1)
+    bias: bool = option(False, "biases in the linear layers")
+    tie_embeddings: bool = option(False, "the head shares the token embedding's weights")
+    qk_norm: bool = option(False, "Qwen3's QK-norm: an RMSNorm over each head's q and k before RoPE")
+    head_dim: int = option(0, "size of each attention head; 0 = n_embd // n_head (Qwen3-0.6B: 128 at d 1024)", min=0)
+    dwa_map: str = option("dense", "which alpha_{i,j} are learned: dense (DenseFormer: every earlier output), x0 (the "
+                          "stream and the embedding), unet (the stream and the mirror block)",
+                          choices=("dense", "x0", "unet"))
+    dwa_dilation: int = option(1, "DenseFormer's k: a DWA mixes the outputs j with i - j divisible by k p", min=1)
+    dwa_period: int = option(1, "DenseFormer's p: a DWA after every p-th block only", min=1)
+
+    def __post_init__(self):  # the rules across fields; each field's own are checked by the scripts
+        head_size = self.head_dim or self.n_embd / self.n_head  # a fraction when n_head does not divide n_embd
+        if self.n_head % self.n_kv_head or head_size % 2:
+            raise ValueError(f"--n_embd {self.n_embd}, --n_head {self.n_head}, --n_kv_head {self.n_kv_head}, "
+                             f"--head_dim {self.head_dim} do not fit: the head size (head_dim, or n_embd / n_head "
+                             "when head_dim is 0) must be a whole even number, and n_kv_head must divide n_head")
+        if self.dwa_map != "dense" and (self.dwa_dilation, self.dwa_period) != (1, 1):
+            raise ValueError(f"--dwa_dilation and --dwa_period thin DenseFormer's dense map; --dwa_map {self.dwa_map} "
+                             "has its own sparse map: leave them at 1")
+
+
+def dwa_sources(config):
+    """sources[i - 1]: the j whose X_j the DWA after block i mixes (i = 1..L), in order; [] where no DWA follows
+    block i (the period), so that Y_i = X_i there."""
+    L, k, p = config.n_layer, config.dwa_dilation, config.dwa_period
+    if config.dwa_map == "x0":
+        return [[0, i] for i in range(1, L + 1)]
+    if config.dwa_map == "unet":
+        return [[L - i, i] if L / 2 < i < L else [i] for i in range(1, L + 1)]
+    return [[j for j in range(i + 1) if (i - j) % (k * p) == 0] if i % p == 0 else [] for i in range(1, L + 1)]
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_tables(config.head_dim or config.n_embd // config.n_head, config.block_size,
+                               config.rope_theta, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.wo.weight") or name.endswith("mlp.w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        self.dwa_sources = dwa_sources(config)
+        # alpha after block i: a (1, n_sources) row like DenseFormer's Linear(n, 1) weight, 1 on X_i and 0 elsewhere
+        self.dwa_alpha = nn.ParameterList([nn.Parameter((torch.tensor(src) == i).float()[None])
+                                           for i, src in enumerate(self.dwa_sources, start=1) if src])
+
+    def depth_map(self, idx=None):
+        """alpha as an L x (L+1) map: row i (the DWA after block i) over the sources X_0..X_L, 0 where alpha_{i,j} is
+        not learned (a row without a DWA, the period, keeps X_i: 1). The same for every token: idx is not used."""
+        L = self.config.n_layer
+        m = torch.zeros(L, L + 1)
+        m[range(L), range(1, L + 1)] = 1.0
+        for row, src in zip(self.dwa_alpha, filter(None, self.dwa_sources)):
+            i = src[-1]  # every row's last source is the newest output, X_i
+            m[i - 1, i] = 0.0
+            m[i - 1, src] = row.detach().float().cpu()[0]
+        return m
+
+    @torch.no_grad()
+    def stats(self, idx=None):
+        """How far alpha moved from the identity, logged by train.py: the mean weight on the newest output (1 at the
+        start) and the mean |alpha| on the older ones (0 at the start); idx is not used."""
+        rows = [row[0].float() for row in self.dwa_alpha]
+        older = torch.cat([row[:-1] for row in rows])  # every row's last source is the newest output
+        return {"dwa_self": torch.stack([row[-1] for row in rows]).mean().item(),
+                "dwa_older": older.abs().mean().item() if older.numel() else 0.0}
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None, input_pos=None, return_hidden=False):
+        """idx (B, T) -> (logits (B, T, vocab), loss). With a cache, input_pos (T,) holds the positions of idx's
+        tokens (a prefill: 0..T-1; a decode step: one position), where their keys and values are written."""
+        B, T = idx.shape
+        cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
+        x = self.drop(self.tok_emb(idx))  # (B, T, d)
+        outputs, hidden, rows = [x], [], iter(self.dwa_alpha)  # outputs[j] = X_j, X_0 the embedding output
+        for block, src in zip(self.blocks, self.dwa_sources):
+            outputs.append(block(x, cos, sin, cache, input_pos))  # X_i = Block_i(Y_{i-1})
+            x = outputs[-1]
+            if src:  # Y_i = sum_j alpha_{i,j} X_j over the row's sources: 1 * X_i + 0 * X_j = X_i at the start
+                alpha = next(rows)[0]  # (n_sources,)
+                x = sum(alpha[n] * outputs[j] for n, j in enumerate(src))  # (B, T, d)
+            hidden.append(x)
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        if return_hidden:
+            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+        return logits, loss
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
+
+# ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache, input_pos))
+        x = x + self.drop(self.mlp(self.mlp_norm(x)))
+        return x
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        assert config.n_head % config.n_kv_head == 0 and (config.head_dim or config.n_embd % config.n_head == 0)
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim or config.n_embd // config.n_head
+        # q, k and v in one matmul: its output is H query heads, then H_kv key heads and H_kv value heads
+        self.wqkv = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * self.head_dim, bias=config.bias)
+        self.wo = nn.Linear(config.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.dropout, self.qk_norm = config.dropout, config.qk_norm
+        # QK-norm (Qwen3): RMSNorm over each head's q and k before RoPE; off, an identity without parameters
+        self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
+
+    def forward(self, x, cos, sin, cache=None, input_pos=None):
+        B, T, C = x.shape
+        qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
+        qk, v = qkv.split((self.n_head + self.n_kv_head, self.n_kv_head), 1)  # (B, H + H_kv, T, hd), (B, H_kv, T, hd)
+        if self.qk_norm:  # Qwen3: each head's q and k normalised over hd, each by its own weight, before RoPE
+            q, k = qk.split((self.n_head, self.n_kv_head), 1)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), 1)
+        # RoPE rotates the q and k heads in one go, as they sit side by side in qkv
+        q, k = apply_rope(qk, cos, sin).split((self.n_head, self.n_kv_head), 1)  # (B, H, T, hd), (B, H_kv, T, hd)
+        if cache is None:  # training: plain causal attention, the flash kernel on CUDA
+            y = F.scaled_dot_product_attention(                                    # (B, H, T, hd)
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=self.n_kv_head != self.n_head)
+        else:  # generation: write the new keys and values at input_pos, attend over the whole cache
+            k, v = cache.update(self.layer_idx, input_pos, k, v)                   # (B, H_kv, S, hd)
+            y = cached_attention(q, k, v, attention_mask(input_pos, k.size(2)))    # (B, H, T, hd)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)                          # (B, T, H hd)
+        return self.wo(y)
+
+
+class KVCache:
+    """Keys and values of every layer for block_size positions, allocated once: generation writes into it in place
+    and never reallocates, so that a decode step sees the same shapes at every position. One tensor per layer, so
+    that a step's write touches only its layer's tensor (torch.compile then writes in place, copying nothing).
+    A new prompt needs no emptying: attention_mask hides every position after the query's, written or not."""
+
+    def __init__(self, config, batch_size, device, dtype):
+        head_dim = config.head_dim or config.n_embd // config.n_head
+        shape = (batch_size, config.n_kv_head, config.block_size, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+
+    def update(self, layer, input_pos, k, v):
+        """Write k, v (B, H_kv, T, hd) of the new tokens at input_pos (T,); return the whole cache, (B, H_kv, S, hd)
+        each, the same shapes whatever the positions (torch.compile traces one graph)."""
+        ck, cv = self.k[layer], self.v[layer]  # under autocast k, v are bf16 and the cache has the weights' dtype
+        return ck.index_copy_(2, input_pos, k.to(ck.dtype)), cv.index_copy_(2, input_pos, v.to(cv.dtype))
+
+
+def attention_mask(input_pos, S):
+    """(T, S) boolean: the query at position input_pos[t] sees the cached positions up to its own."""
+    return torch.arange(S, device=input_pos.device) <= input_pos[:, None]
+
+
+def cached_attention(q, k, v, mask):
+    """Attention of the new queries q (B, H, T, hd) over the whole cache k, v (B, H_kv, S, hd) under mask (T, S) or
+    (B, 1, T, S): the H / H_kv query heads of each KV head become its rows, so that SDPA needs no GQA flag beside a
+    mask (docs/contract.md). Row r of a KV head is query head r // T, token r % T, hence the mask tiled."""
+    B, H, T, hd = q.shape
+    G = H // k.size(1)
+    y = F.scaled_dot_product_attention(                                            # (B, H_kv, G T, hd)
+        q.reshape(B, k.size(1), G * T, hd), k, v, attn_mask=mask.tile(G, 1))
+    return y.reshape(B, H, T, hd)  # a copy only where the kernel left another layout (CUDA, float32)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        # w1 (the gate) and w3 in one matmul: its output is w1 x, then w3 x
+        self.w13 = nn.Linear(config.n_embd, 2 * config.ffn_hidden, bias=config.bias)
+        self.w2 = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        gate, up = self.w13(x).chunk(2, dim=-1)  # w1 x, w3 x: (B, T, ffn_hidden) each
+        return self.w2(F.silu(gate) * up)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # x / sqrt(mean(x^2) + eps) in float32 at least: under bf16 autocast the mean of squares loses precision
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        return F.rms_norm(xf, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
+
+
+def rope_tables(head_dim, seq_len, theta, device):
+    """cos and sin of the rotary angles at full width, each (seq_len, head_dim): channels i and i + hd/2 turn by the
+    same angle, and the sin's first half is negated, so that apply_rope is two products, a roll and a sum."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)  # (seq_len, hd/2)
+    return torch.cat((angles.cos(), angles.cos()), -1), torch.cat((-angles.sin(), angles.sin()), -1)
+
+
+def rope_at(cos, sin, T, input_pos):
+    """The rows of the rotary tables for T tokens: positions 0..T-1 (a slice) without input_pos, else gathered at
+    input_pos (T,) by a tensor, so that a decode step has no .item() and no Python branch on the position."""
+    if input_pos is None:
+        assert T <= cos.size(0), f"{T} tokens exceed block_size {cos.size(0)}"
+        return cos[:T], sin[:T]
+    return cos[input_pos], sin[input_pos]  # (T, hd)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate the pairs (x[..., i], x[..., i + hd/2]) of x (B, heads, T, hd) by the angles of their positions:
+    x cos + rotate_half(x) sin, where rotate_half(x) = (-x2, x1) is x rolled by hd/2 with the sign in the sin table.
+    In float32 (a no-op for a float32 x): under bf16 autocast the rotation keeps its precision."""
+    xf = x.float()
+    return (xf * cos + xf.roll(x.size(-1) // 2, -1) * sin).type_as(x)
+
+
+if __name__ == "__main__":  # a model file, not a script: say so, and which script to run
+    raise SystemExit("model_dwa.py is a model file, not a script: train it with `python train.py --model dwa`, "
+                     "and sample a run of it with `python sample.py --out_dir RUN`")
