@@ -24,10 +24,9 @@ import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "GPTConfig.__post_init__", "Block.__init__", "Block.forward", "GPT.__init__",
             "GPT.forward", "GPT.flops_per_token")  # components that differ from model_vanilla.py
-VARIANTS = {  # besides the default (block, n_blocks 4); block3 splits the contract suite's 4 layers as 2,1,1
-    "full": dict(attn_res="full"),
-    "block3": dict(attn_res="block", n_blocks=3),
-}
+PAPER = "Attention Residuals"  # the name the tables and figures group this file's labels by
+VARIANTS = {"full": dict(attn_res="full")}  # the paper's comparison, besides the default (block, n_blocks 4)
+TESTED = {"block3": dict(attn_res="block", n_blocks=3)}  # the contract suite's 4 layers as 2,1,1
 
 
 def option(default, doc, **rules):

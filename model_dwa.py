@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "GPTConfig.__post_init__", "GPT.__init__", "GPT.forward")  # differ from model_vanilla.py
-VARIANTS = {"x0": dict(dwa_map="x0"), "unet": dict(dwa_map="unet")}  # configurations the contract suite also tests
+PAPER = "DenseFormer (DWA)"  # the name the tables and figures group this file's labels by
+VARIANTS = {"x0": dict(dwa_map="x0"), "unet": dict(dwa_map="unet")}  # the tables' labels dwa-x0, dwa-unet
 
 
 def option(default, doc, **rules):

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "GPTConfig.__post_init__", "CausalSelfAttention.__init__",
             "CausalSelfAttention.forward", "Block.forward", "GPT.forward")  # differ from model_vanilla.py
-VARIANTS = {"mha": dict(n_kv_head=4), "ala": dict(ala_every=1)}  # configurations the contract suite also tests
+PAPER = "Skip-Layer Attention"  # the name the tables and figures group this file's labels by
+VARIANTS = {"ala": dict(ala_every=2)}  # the comparisons of the Vertical Attention paper: the tables' labels
+TESTED = {"mha": dict(n_kv_head=4), "ala1": dict(ala_every=1)}  # configurations the contract suite also tests
 # the Vertical Attention paper's (n_l, n_h) at its sizes (section 4.1); train.py's --size applies them
 SIZE_DEFAULTS = {"50m": dict(skip_layers=4, skip_heads=1), "100m": dict(skip_layers=6, skip_heads=3),
                  "300m": dict(skip_layers=9, skip_heads=6)}

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 MODIFIED = ("GPTConfig", "KVCache", "KVCache.__init__", "KVCache.update",
             "CausalSelfAttention.forward", "Block", "Block.__init__", "Block.forward", "GPT.__init__",
             "GPT.forward", "GPT.param_groups", "GPT.flops_per_token")  # components that differ from model_vanilla.py
-VARIANTS = {"dense": dict(gated=False)}  # configurations the contract suite also tests
+PAPER = "Skip the Middle Layers"  # the name the tables and figures group this file's labels by
+VARIANTS = {"dense": dict(gated=False)}  # the paper's dense baseline: the tables' label skipmiddle-dense
 GATE_EPS = 1e-6  # lower bound on g before the log of gated attention (paper section 2.2)
 GATE_C = 1.0  # gate_into_keys: the query's appended coordinate, a power of two, exact in every float format
 

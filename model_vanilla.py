@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODIFIED = ()  # components that differ from model_vanilla.py (none: this is it)
+PAPER = "baseline"  # the name the tables and figures group this file's labels by
 
 
 def option(default, doc, **rules):

@@ -23,7 +23,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODIFIED = ("GPTConfig", "GPT.__init__", "GPT.forward", "GPT.param_groups")  # differ from model_vanilla.py
-VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet"), "recent": dict(va_init="recent")}
+PAPER = "Vertical Attention"  # the name the tables and figures group this file's labels by
+VARIANTS = {"unet": dict(va_map="unet"), "inet": dict(va_map="inet")}  # the paper's comparisons: the tables' labels
+TESTED = {"recent": dict(va_init="recent")}  # configurations the contract suite also tests
 
 
 def option(default, doc, **rules):

@@ -22,12 +22,13 @@ def model_names():
 
 
 def model_cases():
-    """(model name, variant name, config overrides) for every model file and each of its VARIANTS."""
+    """(model name, variant name, config overrides) for every model file and each of its VARIANTS and TESTED."""
     cases = []
     for name in model_names():
         module = importlib.import_module(f"model_{name}")
         cases.append((name, "default", {}))
-        cases += [(name, v, overrides) for v, overrides in getattr(module, "VARIANTS", {}).items()]
+        variants = {**getattr(module, "VARIANTS", {}), **getattr(module, "TESTED", {})}
+        cases += [(name, v, overrides) for v, overrides in variants.items()]
     return cases
 
 

@@ -32,28 +32,17 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, model_from_checkpoint, peak_flops,
                     resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
-from plumbing.config import build_model, load_model_module, option
+from plumbing.config import build_model, load_model_module, model_names, option
 from plumbing.errors import ConfigError, main_boundary, printable
 from plumbing.files import checkpoint_path, open_split, read_meta, regular_file, write_json
 from plumbing.options import parse_simple
 from tools.tables import chosen, command_line, spread, each, hardware_name, read_results, shape_of, update_readme
 
-# (label, model file, config overrides): each method's default and the variants its paper compares
-RUNS = [
-    ("vanilla", "vanilla", {}),
-    ("vertical", "vertical", {}),
-    ("vertical-unet", "vertical", dict(va_map="unet")),
-    ("vertical-inet", "vertical", dict(va_map="inet")),
-    ("skiplayer", "skiplayer", {}),
-    ("skiplayer-ala", "skiplayer", dict(ala_every=2)),
-    ("attnres", "attnres", {}),
-    ("attnres-full", "attnres", dict(attn_res="full")),
-    ("aila", "aila", {}),
-    ("aila-arch1", "aila", dict(aila_arch=1)),
-    ("aila-residual", "aila", dict(aila_merge="residual")),
-    ("skipmiddle", "skipmiddle", {}),
-    ("skipmiddle-dense", "skipmiddle", dict(gated=False)),
-]
+# (label, model file, config overrides): vanilla, then every other model file's default (label: its name) and each
+# of the VARIANTS its file declares (label: name-variant), the comparisons of its paper
+RUNS = [(name + (f"-{variant}" if variant else ""), name, overrides)
+        for name in sorted(model_names(), key=lambda n: n != "vanilla")
+        for variant, overrides in {"": {}, **getattr(load_model_module(name), "VARIANTS", {})}.items()]
 
 
 @dataclass
