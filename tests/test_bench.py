@@ -24,7 +24,8 @@ def test_bench_table(tmp_path):
     rows = bench.main(["--size=small", "--block_size=32", "--batch_size=2", "--warmup=1", "--iters=1", "--repeats=2",
                        "--sample_tokens=4", "--device=cpu", "--runs=vertical,attnres", f"--json={tmp_path / 'b.json'}"])
     saved = json.load(open(tmp_path / "b.json"))
-    assert [r["label"] for r in saved["results"]] == ["vanilla", "vertical", "attnres"]
+    order = [label for label, *_ in bench.RUNS if label in ("vertical", "attnres")]  # measured in RUNS' order
+    assert [r["label"] for r in saved["results"]] == ["vanilla", *order]
     by_label = {r["label"]: r for r in rows}
     assert by_label["vanilla"]["train_speed_ratio"] == 1.0 and by_label["vanilla"]["extra_params"] == 0
     assert by_label["vertical"]["extra_params"] == 6 * 7 // 2  # eq. 7 at the default 6 layers
@@ -36,7 +37,7 @@ def test_bench_table(tmp_path):
     # speed: every model's 2 timed repeats sat between vanilla's (V M V M V); ratios against the two neighbours
     t_vanilla = by_label["vanilla"]["train_seconds"]
     assert len(t_vanilla) == 2 * 3 and "train_speed_ratios" not in by_label["vanilla"]
-    for i, label in enumerate(["vertical", "attnres"]):
+    for i, label in enumerate(order):
         r, neighbours = by_label[label], t_vanilla[3 * i:3 * i + 3]
         assert len(r["train_seconds"]) == 2
         want = [(a + b) / 2 / t for a, b, t in zip(neighbours, neighbours[1:], r["train_seconds"])]

@@ -29,10 +29,10 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.bench`")
 
-from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, model_from_checkpoint, peak_flops,
-                    resolve_device, resolve_dtype, synchronize)
+from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, labelled_models, model_from_checkpoint,
+                    peak_flops, resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
-from plumbing.config import build_model, load_model_module, model_names, option
+from plumbing.config import build_model, load_model_module, option
 from plumbing.errors import ConfigError, main_boundary, printable
 from plumbing.files import checkpoint_path, open_split, read_meta, regular_file, write_json
 from plumbing.options import parse_simple
@@ -40,9 +40,7 @@ from tools.tables import chosen, command_line, spread, each, hardware_name, read
 
 # (label, model file, config overrides): vanilla, then every other model file's default (label: its name) and each
 # of the VARIANTS its file declares (label: name-variant), the comparisons of its paper
-RUNS = [(name + (f"-{variant}" if variant else ""), name, overrides)
-        for name in sorted(model_names(), key=lambda n: n != "vanilla")
-        for variant, overrides in {"": {}, **getattr(load_model_module(name), "VARIANTS", {})}.items()]
+RUNS = labelled_models()
 
 
 @dataclass
@@ -69,8 +67,9 @@ class BenchConfig:
                              "on disk, from which the same command compiles again in seconds (python -m "
                              "tools.gpu_tables warms every model at once so, then times them one after another)")
     json: str = option("", "also write the results to this JSON file", path=True, out="file")
-    close_gates: int = option(-1, "skipmiddle: before timing generation with and without skipping, close gate K and "
-                              "every later one for every token (blocks K to L-1-K skipped); -1 = as initialised", min=-1)
+    close_gates: int = option(-1, "models with gates: before timing generation with and without skipping, close gate K "
+                              "and every later one for every token (blocks K to L-1-K skipped); -1 = as initialised",
+                              min=-1)
     checkpoint: str = option("", "time only generation with and without skipping, on this trained run (its "
                              "out_dir), prompted with the start of its data set's val split from --data_dir", path=True)
     data_dir: str = option("data", "--checkpoint: the folder of prepared data sets", path=True)
@@ -202,10 +201,11 @@ def interleaved(vanilla, run, repeats):
 
 
 def skip_generation(model, prompt, n_tokens, device, ctx, repeats=3):
-    """Models whose generate() can skip (skipmiddle): greedy generation time of n_tokens with skip=True over
-    skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of the generated text."""
+    """Models whose generation can skip (an inference() hook and gates): greedy generation time of n_tokens with
+    skip=True over skip=False (median of interleaved repeats), next to est_flops_ratio of the gates of the generated
+    text."""
     if not hasattr(model, "inference") or not getattr(model, "gates", None):
-        return {}  # a model without gates (skipmiddle-dense) has nothing to skip
+        return {}  # a model without gates (a dense variant) has nothing to skip
     times = {True: [], False: []}
     with torch.no_grad(), ctx:
         for _ in range(repeats):
@@ -460,7 +460,7 @@ def load_baseline(folder, name, model, config_args):
 
 def decode_cases(wanted, shape, batches, args, device, ctx, vanilla=True):
     """{(label, mode, batch): Decoding} for vanilla (unless vanilla=False) and every wanted run, in each of
-    --decode_modes (mode 'eager', 'compiled'; and 'baseline' with --baseline); skipmiddle's generation with skipping
+    --decode_modes (mode 'eager', 'compiled'; and 'baseline' with --baseline); generation that can skip, with skipping,
     is labelled as the run and without as '<label> (skip=False)'. Also returns the compile seconds of each compiled
     case: its first generate(), which traces and compiles the step (a new batch size may compile again)."""
     cases, compile_s = {}, {}

@@ -34,7 +34,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.gpu_tables`")
 
-from plumbing.config import option
+from plumbing.config import model_names, option
 from plumbing.errors import ConfigError, RunError, main_boundary, printable
 from plumbing.files import regular_file
 from plumbing.options import check_output, parse_simple, without
@@ -52,8 +52,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 @dataclass
 class TablesConfig:
     parts: str = option(",".join(PARTS), "comma-separated parts to run, in this order: " + ", ".join(PARTS))
-    runs: str = option("vertical,skiplayer,attnres,aila,skipmiddle", "python -m tools.bench's --runs: the labels "
-                       "measured beside vanilla")
+    runs: str = option(",".join(name for name in model_names() if name != "vanilla"), "python -m tools.bench's "
+                       "--runs: the labels measured beside vanilla; default: every model file at its defaults")
     out: str = option("", "folder of the JSON files (written, or with --summary read); '' = results/<gpu>, the GPU's "
                       "model in lower case (h100, h200)", path=True)
     repeats: int = option(3, "timed repeats per model (python -m tools.bench --repeats)", min=1)

@@ -42,8 +42,8 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
 from analysis.figures import import_pyplot, save_png
-from common import DTYPES, SIZES, autocast, model_from_checkpoint
-from plumbing.config import check_record, load_model_module, option
+from common import DTYPES, SIZES, autocast, model_from_checkpoint, paper
+from plumbing.config import check_record, load_model_module, model_names, option
 from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, printable
 from plumbing.files import (LogRecord, open_split, parse_json, read_checkpoint, read_meta, read_text, regular_file,
                             write_json, written)
@@ -56,15 +56,10 @@ from train import main as train_main  # train.py's entry point, called in-proces
 
 # ---- what is trained: the main table's labels (tools/bench.py's RUNS) and the papers' ablations
 
-# The papers' names, by model file: the figures group and colour the labels by these.
-PAPERS = {
-    "vanilla": ("baseline", None),
-    "vertical": ("Vertical Attention", "Blues"),
-    "skiplayer": ("Skip-Layer Attention", "Greens"),
-    "attnres": ("Attention Residuals", "Oranges"),
-    "aila": ("AILA", "Purples"),
-    "skipmiddle": ("Skip the Middle Layers", "Reds"),
-}
+# The figures group the labels by their model file's PAPER (common.paper) and colour each file's labels in shades of
+# one colour map, taken in the order of the model files after vanilla (black), so that a file keeps its colour in
+# every figure and a new one gets its own.
+PALETTE = ("Blues", "Oranges", "Greens", "Reds", "Purples", "YlOrBr", "PuRd", "BuGn", "GnBu")  # then again
 
 # How an ablation's figure reads its x-axis: x(config, stats) -> [(axis label, series, x value), ...] from the
 # run's resolved GPTConfig and its stats(); points of one axis label share a panel, of one series a line
@@ -112,6 +107,8 @@ def attnres_x(config, stats):
     return [(f"n_blocks ({2 * config.n_layer} = one sublayer per block = full)", "block AttnRes", n)]
 
 
+# The papers' own experiments name their model files here, not in them: an ablation is a sweep's plan and figure (its
+# points, x-axis and the paper's claim), read by the sweep alone, where a model file holds its model and nothing else.
 ABLATIONS = {
     "skipmiddle": dict(
         paper="Learning to Skip the Middle Layers of Transformers (Lawson and Aitchison), Figure 2",
@@ -631,10 +628,10 @@ def seeds_done(sweep, runs):
 
 def colours(labels, models, plt):
     """A colour per label: vanilla black, each paper's labels in shades of its own colour map."""
-    out = {}
+    out, others = {}, [name for name in model_names() if name != "vanilla"]
     for model in dict.fromkeys(models.values()):
         group = [label for label in labels if models[label] == model]
-        cmap = PAPERS.get(model, (model, "Greys"))[1]
+        cmap = None if model == "vanilla" else PALETTE[others.index(model) % len(PALETTE)]
         for i, label in enumerate(group):
             out[label] = "black" if cmap is None else plt.get_cmap(cmap)(0.9 - 0.45 * i / max(1, len(group) - 1))
     return out
@@ -689,7 +686,7 @@ def plot_results(plt, sweep, rows, runs, models, path, windows):
         tokens = np.array([p[0] for p in curves[0][:steps]]) / 1e6
         losses = np.array([[p[1] for p in c[:steps]] for c in curves])
         if i == 0 or models[rows[i - 1]["label"]] != model:  # a legend heading per paper
-            handles.append(ax.plot([], [], " ", label=PAPERS.get(model, (model,))[0])[0])
+            handles.append(ax.plot([], [], " ", label=paper(model))[0])
         nth = sum(models[r["label"]] == model for r in rows[:i])
         vanilla = label == "vanilla"
         for a in (ax, zoom):
