@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from analysis.curves import curves
-from analysis.depth_map import (at_uniform_start, depth_map_layout, format_depth_map, plot_depth_map, read_depth_map,
-                                uniform_note)
+from analysis.depth_map import (at_start, depth_map_layout, format_depth_map, plot_depth_map, read_depth_map,
+                                start_note)
 from analysis.figures import DEPTH_MAP_AND_WIRING, pyplot_for, run_folder, save_png
 from analysis.scoring import import_lm_eval, multiple_choice, read_mc, read_task_file, run_lm_eval
 from analysis.wiring import draw_wiring
@@ -182,11 +182,12 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
     if args.depth_map and not hasattr(model, "depth_map") and len(args.out_dir) > 1:
         print(f"note: model_{name}.py has no depth_map(); {out_dir} is compared without one",
               file=sys.stderr if args.json else sys.stdout)
-    elif args.depth_map:  # before the loss pass: skipmiddle's map averages the forwards since the model was loaded
+    elif args.depth_map:  # before the loss pass: measured gates average the forwards since the model was loaded
         m = read_depth_map(model, name, data, block_size, args.batch_size, device, ctx)
         result["depth_map"] = m.tolist()
-        layout = depth_map_layout(model, name, m)
-        result["depth_map_uniform"] = at_uniform_start(m, layout)
+        layout = depth_map_layout(model, m)
+        if at_start(m, layout):  # the model file's layout says where its map starts
+            result["depth_map_start"] = layout["start_text"]
         if plt is not None:
             result["depth_map_png"] = os.path.join(run_folder(out_dir), "depth_map.png")
             title = (f"{os.path.normpath(run_folder(out_dir))}, step {ckpt.get('iter_num', '?')}: "
@@ -219,8 +220,8 @@ def number(value, spec):
 
 def report(result, model, args):
     if args.json:
-        if result.get("depth_map_uniform"):
-            print(uniform_note(result), file=sys.stderr)
+        if result.get("depth_map_start"):
+            print(start_note(result, result["depth_map_start"]), file=sys.stderr)
         if to_json(result) != json.dumps(result):  # a number that is not finite, which to_json writes as null
             print(f"note: {result['out_dir']}: values that are not finite numbers are written as null", file=sys.stderr)
         print(to_json(result), flush=True)
@@ -237,15 +238,15 @@ def report(result, model, args):
               f"p(correct) {number(row['p_correct'], '.4f')}")
     if "depth_map" in result:
         m = torch.tensor(result["depth_map"])
-        layout = depth_map_layout(model, result["model"], m)
+        layout = depth_map_layout(model, m)
         print(f"  depth map: a row per block; columns: {layout['xlabel'] or 'one'}; a cell: {layout['cbar']}")
         print(textwrap.indent(textwrap.fill(DEPTH_MAP_AND_WIRING, 110), "  "))
         for line in format_depth_map(m, model.config.n_layer, layout):
             print("  " + line)
         if "depth_map_png" in result:
             print(f"  heat map: {result['depth_map_png']}")
-        if result.get("depth_map_uniform"):
-            print(textwrap.indent(textwrap.fill(uniform_note(result), 110), "  "))
+        if result.get("depth_map_start"):
+            print(textwrap.indent(textwrap.fill(start_note(result, result["depth_map_start"]), 110), "  "))
     if "mc" in result:
         mc = result["mc"]
         print(f"  multiple choice, {mc['k_shot']}-shot, {mc['questions']} questions from {mc['file']}: "

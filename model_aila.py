@@ -204,6 +204,17 @@ class GPT(nn.Module):
             m[j, :alpha.size(-1)] = alpha.mean(dim=(0, 1, 2)).cpu()
         return m
 
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): layer j reads h_0..h_(j-1), arch 1 also h~_j in column j; the
+        mixes start uniform."""
+        L, arch1 = self.config.n_layer, self.config.aila_arch == 1
+        valid = torch.ones(L, L + arch1, dtype=torch.bool).tril(int(arch1))
+        return dict(columns=["emb", *map(str, range(1, L + arch1))], valid=valid,
+                    start_text="uniform start (every row equal over its sources)",
+                    xlabel="source: the embedding (emb), then block j's output (j)"
+                    + ("; row j's column j: its own block output" if arch1 else ""),
+                    cbar="mean alpha (over tokens and heads)", start=valid / valid.sum(1, keepdim=True))
+
     def stats(self, idx):
         """Over idx: the mean row entropy of depth_map(idx) and the mean per-token entropy of alpha (nats); a layer
         whose tokens each pick one source sharply can still average to a flat row."""

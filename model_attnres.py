@@ -226,6 +226,18 @@ class GPT(nn.Module):
             out[r, :a.size(-1)] = a.float().mean(dim=(0, 1)).cpu()
         return out
 
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): row r reads its first sources_per_mix()[r] sources; zero
+        pseudo-queries start every mix uniform."""
+        counts = self.sources_per_mix()
+        valid = torch.arange(counts[-1])[None, :] < torch.tensor(counts)[:, None]
+        full = self.config.attn_res == "full"
+        return dict(columns=["emb", *map(str, range(1, counts[-1]))], valid=valid,
+                    start_text="uniform start (every row equal over its sources)",
+                    xlabel="source: the embedding (emb), then " + ("sublayer n's output (n)" if full else
+                                                                    "block n's sum (n; partial while open)"),
+                    cbar="mean softmax weight (over tokens)", start=valid / valid.sum(1, keepdim=True))
+
     def stats(self, idx):
         """Mean entropy (nats) of the rows of depth_map(idx), logged by train.py."""
         return {"attnres_entropy": torch.special.entr(self.depth_map(idx)).sum(-1).mean().item()}

@@ -116,6 +116,18 @@ class GPT(nn.Module):
             m[i - 1, src] = row.detach().float().cpu()[0]
         return m
 
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): row i over X_0..X_L, its cells the sources it mixes (X_i alone
+        where no DWA follows block i); alpha is signed and starts at the identity."""
+        L = self.config.n_layer
+        valid = torch.zeros(L, L + 1, dtype=torch.bool)
+        for i, src in enumerate(self.dwa_sources, start=1):
+            valid[i - 1, src or [i]] = True
+        return dict(columns=["emb", *map(str, range(1, L + 1))], valid=valid, signed=True,
+                    xlabel="source: the embedding (X_0, emb), then block j's output (X_j)",
+                    cbar="alpha (signed, unnormalised)", start=torch.eye(L + 1)[1:],
+                    start_text="identity start (every row 1 on its own block's output, 0 elsewhere)")
+
     @torch.no_grad()
     def stats(self, idx=None):
         """How far alpha moved from the identity, logged by train.py: the mean weight on the newest output (1 at the

@@ -197,6 +197,12 @@ class GPT(nn.Module):
         sources = torch.tensor(self.config.head_sources())  # (L, H)
         return F.one_hot(sources, self.config.n_layer).float().mean(1)  # (L, L), rows sum to 1
 
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): layer l reads the keys and values of layers 1..l; fixed."""
+        L = self.config.n_layer
+        return dict(columns=[str(j) for j in range(1, L + 1)], valid=torch.ones(L, L, dtype=torch.bool).tril(),
+                    xlabel="the block whose keys and values the heads read", cbar="fraction of the query heads")
+
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
         c = self.config

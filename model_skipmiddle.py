@@ -242,6 +242,10 @@ class GPT(nn.Module):
             return torch.ones(self.config.n_layer, 1)
         return self.measured_gates(idx)[0].cpu().unsqueeze(1)
 
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): one column, the mean gate."""
+        return dict(columns=["mean gate"], xlabel="", cbar="mean gate (1: the block runs, 0: skipped)")
+
     def estimated_flops(self, zero, seq_len=None, head_size=None):
         """Forward FLOPs per token (sparse, dense) if a token cost nothing where its gate is 0 (Fig. 2), zero (L,):
         block matmuls x the fraction not skipped, plus head and gates; attention at seq_len and head_size (or hd)."""

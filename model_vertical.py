@@ -183,6 +183,16 @@ class GPT(nn.Module):
         s = torch.full((L, L), float("-inf"), dtype=torch.float32, device=self.va_scores.device)
         return s.index_put((self.va_rows, self.va_cols), self.va_scores.float()).softmax(-1)
 
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): row l reads the embedding and blocks 1..l-1; a learned map
+        starts uniform (its --va_lr sets how fast it leaves the start)."""
+        L = self.config.n_layer
+        valid = torch.ones(L, L, dtype=torch.bool).tril()
+        return dict(columns=["emb", *map(str, range(1, L))], valid=valid, cbar="alpha (softmax weight of the source)",
+                    xlabel="source: the embedding (emb), then block j's output (j)",
+                    start=valid / valid.sum(1, keepdim=True) if self.va_scores is not None else None,
+                    start_text="uniform start (every row equal over its sources)")
+
     @torch.no_grad()
     def stats(self, idx=None):
         """Mean row entropy of the map (eq. 8, on alpha: see depth_map), logged by train.py; idx is not used."""

@@ -47,7 +47,7 @@ def depth_map_figure(plt, name, tmp_path, model=None, **overrides):
     model = model or module.GPT(config).eval()
     with torch.no_grad():
         m = model.depth_map(torch.randint(0, 256, (2, 16))).detach().float().cpu()
-    layout = depth_map.depth_map_layout(model, name, m)
+    layout = depth_map.depth_map_layout(model, m)
     fig = depth_map.plot_depth_map(plt, m, config.n_layer, layout, f"out/{name}, step 7: model_{name}.py depth map",
                                 tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").stat().st_size > 0
@@ -79,10 +79,11 @@ def test_a_learned_map_gets_no_warning(plt, tmp_path):
     with torch.no_grad():
         model.va_scores.normal_()  # a map that has moved
     _, m, layout, fig = depth_map_figure(plt, "vertical", tmp_path, model=model)
-    assert not depth_map.at_uniform_start(m, layout) and fig.get_suptitle() == ""
+    assert not depth_map.at_start(m, layout) and fig.get_suptitle() == ""
     m = torch.tensor([[1.0, 0, 0], [0.5005, 0.4995, 0], [1 / 3, 1 / 3, 1 / 3]])  # within 1e-3 of the start
-    assert depth_map.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=True))
-    assert not depth_map.at_uniform_start(m, dict(valid=torch.ones(3, 3).tril().bool(), learned=False))
+    valid = torch.ones(3, 3).tril().bool()
+    assert depth_map.at_start(m, dict(valid=valid, start=valid / valid.sum(1, keepdim=True)))
+    assert not depth_map.at_start(m, dict(valid=valid, start=None))  # a map that is not trained has no start
 
 
 @pytest.mark.parametrize("name,overrides", [("skiplayer", {}), ("attnres", {}), ("attnres", {"attn_res": "full"}),
@@ -109,6 +110,25 @@ def test_every_depth_map_figure(plt, name, overrides, tmp_path):
     if name == "skiplayer":  # a fixed map: never a warning
         assert fig.get_suptitle() == ""
 
+
+def test_dwa_depth_map_is_signed_and_shows_the_cells_it_learns(plt, tmp_path):
+    """DenseFormer's alpha: a scale centred on 0 (a negative weight is not a small one), the cells of each row's
+    sources (model_dwa.dwa_sources) drawn and no other, and a warning at its identity start, none once it moved."""
+    if "dwa" not in model_names():
+        pytest.skip("model_dwa.py is not there")
+    model, m, layout, fig = depth_map_figure(plt, "dwa", tmp_path, dwa_map="x0")
+    ax, _ = fig.axes
+    L = SHAPE["n_layer"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", *map(str, range(1, L + 1))]
+    sources = importlib.import_module("model_dwa").dwa_sources(model.config)
+    assert (~blank_cells(ax)).nonzero().tolist() == [[i - 1, j] for i, src in enumerate(sources, 1) for j in src]
+    assert "identity start" in fig.get_suptitle()
+    low, high = ax.images[0].get_clim()
+    assert ax.images[0].get_cmap().name.startswith("RdBu") and low == -high
+    with torch.no_grad():
+        model.dwa_alpha[0][0, 0] = -0.5  # the first row's weight on the embedding: a backout
+    _, m, layout, fig = depth_map_figure(plt, "dwa", tmp_path, model=model, dwa_map="x0")
+    assert m[0, 0] == -0.5 and not depth_map.at_start(m, layout) and fig.get_suptitle() == ""
 
 # ---- eval.py end to end: the note, and --curves on two tiny real runs ------------------------------------------
 
