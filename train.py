@@ -28,8 +28,8 @@ from plumbing.config import build_model, check_model_args, model_names, option
 from plumbing.console import Console
 from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, naming, note,
                              printable, stopped)
-from plumbing.files import (check_run, note_changes, open_split, read_checkpoint, read_meta, read_resume, run_folder,
-                            save_checkpoint, settle_log, to_json)
+from plumbing.files import (LOCK, check_run, note_changes, open_split, read_checkpoint, read_meta, read_resume,
+                            run_folder, save_checkpoint, settle_log, to_json)
 from plumbing.options import parse_model_options
 
 
@@ -448,7 +448,7 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
         note(f"--max_iters {cfg.max_iters} ends within the warm-up of {cfg.warmup_iters} steps: the learning rate "
              f"rises to {cfg.learning_rate * lr_factor(cfg.max_iters - 1, cfg):.3g} and never decays; lower "
              "--warmup_iters for a run that does")
-    if proc.rank == 0 and os.listdir(cfg.out_dir):  # an earlier run's files: log.jsonl up to the resumed step
+    if proc.rank == 0 and set(os.listdir(cfg.out_dir)) - {LOCK}:  # an earlier run's files: its log up to the step
         settle_log(cfg.out_dir, saved_step)
     model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)

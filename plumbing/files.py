@@ -7,17 +7,16 @@ its lock, the checks before a run writes, and its append-only log.
 import contextlib
 import dataclasses
 import difflib
-import fcntl
 import glob
 import importlib.util
 import json
 import os
 import pathlib
-import shlex
 import stat
 import sys
 import types
 
+import filelock
 import numpy as np
 import torch
 
@@ -145,8 +144,7 @@ def prepare_hint(data_dir, dataset, options=""):
     left = sorted(glob.glob(os.path.join(glob.escape(data_dir), f".{glob.escape(dataset)}.old-*")))
     if left and os.path.isfile(os.path.join(left[-1], "meta.json")):  # prepare.py stopped between its two renames
         return (f"the data set sits in {printable(left[-1])}, where a prepare.py run that was stopped while replacing "
-                f"it left it; put it back with `mv -- {shlex.quote(left[-1])} "
-                f"{shlex.quote(os.path.join(data_dir, dataset))}`")
+                f"it left it; rename that folder back to {printable(os.path.join(data_dir, dataset))}")
     prepared = [d for d in (os.listdir(data_dir) if os.path.isdir(data_dir) else ()) if d != dataset and all(
         os.path.isfile(os.path.join(data_dir, d, f)) for f in ("meta.json", "train.bin", "val.bin"))]
     close = difflib.get_close_matches(dataset, [*prepared, *DATASETS], 1, 0.6)
@@ -298,6 +296,7 @@ def save_checkpoint(path, ckpt):
 # run (its lock, a checkpoint that fits a --resume), and its append-only log
 
 RUN_FILES = ("ckpt.pt", "log.jsonl", "log.superseded.jsonl")  # what a run writes in its folder
+LOCK = ".lock"  # held by the run in the folder, and gone when it ends
 # what a resumed run may change of the saved run, said in a note: its data, optimiser, schedule, seed, dtype
 CHANGES = ("dataset", "data_dir", "learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
            "decay_lr", "warmup_iters", "min_lr", "warmup_start", "seed", "dtype", "eval_iters")
@@ -354,29 +353,42 @@ def note_changes(cfg, ckpt, lr_factor):
          + ", ".join(f"--{k} {getattr(cfg, k)} (saved: {v})" for k, v in changed.items()) + lr)
 
 
+def held(path, timeout=0):
+    """A filelock on path, or None where another process holds it, or held it till it ended: that one removes the
+    file before it lets go (let_go), so that a lock taken on the file it removed is none."""
+    lock = filelock.FileLock(path)
+    with contextlib.suppress(filelock.Timeout, FileNotFoundError):  # (not found: the other removed the folder too)
+        lock.acquire(timeout=timeout)
+        if os.path.exists(path):
+            return lock
+        lock.release()
+
+
+def let_go(lock):
+    with contextlib.suppress(OSError):  # (where the system keeps an open file, filelock removes it as it lets go)
+        os.remove(lock.lock_file)
+    lock.release()
+
+
 @contextlib.contextmanager
 def run_folder(out_dir, take=True):
-    """out_dir made and locked (flock) till the run ends: a second run in it is refused however the two are timed."""
+    """out_dir made and locked (held(): its file LOCK) till the run ends: a second run in it is refused however the
+    two are timed."""
     if not take:  # a torchrun process but rank 0's, which takes it for all
         return (yield)
     made = [p for p in [out_dir, *pathlib.Path(os.path.normpath(out_dir)).parents] if not os.path.exists(p)]
     os.makedirs(out_dir, exist_ok=True)  # an OSError here is the boundary's, naming --out_dir
-    fd = os.open(out_dir, os.O_RDONLY)
+    lock = held(os.path.join(out_dir, LOCK))
+    if lock is None:
+        raise ConfigError(f"another run is writing to {printable(out_dir)}; wait for it to end or choose another "
+                          "--out_dir")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if not os.path.samestat(os.fstat(fd), os.stat(out_dir)):  # a folder that the other run removed meanwhile
-                raise BlockingIOError
-        except OSError:
-            made = []  # the other run's now
-            raise ConfigError(f"another run is writing to {printable(out_dir)}; wait for it to end or choose another "
-                              "--out_dir")
         yield
     finally:
-        for folder in made:  # deepest first: a run that wrote nothing leaves no folder it made
-            if os.path.isdir(folder) and not os.listdir(folder):
+        let_go(lock)
+        for folder in made:  # deepest first: a run that wrote nothing leaves no folder it made (one with a file stays)
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)
-        os.close(fd)  # the lock goes with it
 
 
 def settle_log(out_dir, resume_step):

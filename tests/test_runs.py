@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from plumbing.files import run_folder
+from plumbing.files import LOCK, run_folder
 from plumbing.files import read_checkpoint
 from conftest import ROOT, TINY, run_script, shakespeare_sample
 from test_errors import assert_one_error_line, checksums
@@ -118,7 +118,7 @@ def test_the_run_folder_is_taken_before_the_checks_and_a_refused_new_run_leaves_
     refused by a check removes the folders it made, so that it leaves nothing behind."""
     new = tmp_path / "runs" / "new"
     with run_folder(str(new)):
-        assert new.is_dir() and os.listdir(new) == []  # nothing inside: the lock is the folder's own
+        assert new.is_dir() and os.listdir(new) == [LOCK]  # nothing inside but the lock's own file
         code, _, err = run_script("train.py", ["--data_dir", data, *TINY, "--out_dir", new], capsys)
         assert_one_error_line(code, err, "another run is writing to")
     assert not (tmp_path / "runs").exists()  # the holder wrote nothing: the folders it made are gone
@@ -154,7 +154,7 @@ def training(out, proc):
 def holding(out, procs):
     """The process of procs that holds the lock on the folder out, as /proc/locks shows it (Linux), or None."""
     try:
-        inode, locks = os.stat(out).st_ino, open("/proc/locks").read().split("\n")
+        inode, locks = os.stat(out / LOCK).st_ino, open("/proc/locks").read().split("\n")
     except OSError:
         return None
     pids = {str(p.pid): p for p in procs}
