@@ -13,11 +13,11 @@ document ends with the end-of-text token. Whole documents go to val with probabi
 so the split is reproducible); a corpus too small to give val any document gives it its last tokens instead.
 meta.json names the tokenizer so that train.py, sample.py and eval.py can re-create it (common.get_tokenizer).
 A data set is replaced whole or not at all: the three files are written into a sibling folder (.NAME.tmp-PID)
-that takes the data set's place in one step (an atomic exchange of the two folders, renameat2 on Linux) only
-when the whole run has succeeded, so that a run that fails or is killed at any point leaves the earlier data set
-of that name as it was, readable by train.py; what a killed run left behind is removed by the next run. A corpus
-too small to train on (a split of fewer tokens than train.py needs at its default --block_size) replaces
-nothing.
+that takes the data set's place in one step (an atomic exchange of the two folders: renameat2 on Linux,
+renamex_np on macOS; elsewhere two renames) only when the whole run has succeeded, so that a run that fails or is
+killed at any point leaves the earlier data set of that name as it was, readable by train.py; what a killed run
+left behind is removed by the next run that can take the lock the killed one held. A corpus too small to train on
+(a split of fewer tokens than train.py needs at its default --block_size) replaces nothing.
 """
 import contextlib
 import ctypes
@@ -40,7 +40,7 @@ from tqdm import tqdm
 from common import get_tokenizer, need
 from plumbing.config import load_model_module, option
 from plumbing.errors import ConfigError, main_boundary, naming
-from plumbing.files import DATASETS, WEB_DATASETS, regular_file, to_json
+from plumbing.files import DATASETS, WEB_DATASETS, held, let_go, regular_file, to_json
 from plumbing.options import check_output, parse_simple
 
 # -----------------------------------------------------------------------------
@@ -237,16 +237,22 @@ def main(argv=None):
     if out.is_dir():  # the old set is removed once the new one is in place: its folder must allow it, checked now
         check_output("--name", str(out), "folder")
     created = [p for p in out.parents if not p.exists()]  # the folders this run makes, deepest first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # held till the run ends: what it leaves beside out, if it is killed, a later run removes once it can take it
+    mine = held(leftover_lock(out, os.getpid()))
+    if mine is None:  # (a process of this id before this one left files, which another run is removing now)
+        raise ConfigError(f"another prepare.py run is removing what a stopped one left beside {out}; run this "
+                          "command again")
     # the new set is written into a sibling folder and takes the old one's place in one step, only once the whole
     # run has succeeded: a run that fails or is killed at any point leaves an earlier data set intact
     tmp = out.parent / f".{name}.tmp-{os.getpid()}"
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir()
         with naming(out):  # a write that fails names the data set, not its temporary folder
             counts = write_splits(args, docs, name, dataset, dtype, tmp / "train.bin", tmp / "val.bin")
             meta = {"dataset": dataset, "tokenizer": args.tokenizer, "vocab_size": vocab_size, "eot_token": eot,
                     "dtype": np.dtype(dtype).name, "train_tokens": counts["train"], "val_tokens": counts["val"]}
-            (tmp / "meta.json").write_text(to_json(meta, indent=2) + "\n")
+            (tmp / "meta.json").write_text(to_json(meta, indent=2) + "\n", encoding="utf-8")
             for f in FILES:  # on disk before the swap: a crash of the machine after it finds them whole
                 with open(tmp / f, "rb+") as fh:
                     os.fsync(fh.fileno())
@@ -254,6 +260,7 @@ def main(argv=None):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+        let_go(mine)
         for folder in created:  # the folders this failed run made, if it left nothing in them
             if folder.exists() and not any(folder.iterdir()):
                 folder.rmdir()
@@ -266,7 +273,7 @@ RENAME_EXCHANGE = 2  # renameat2's flag (Linux); macOS's renamex_np calls it REN
 
 def exchange(a, b):
     """Swap the folders a and b in one atomic step; False where the system or the file system cannot."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform in ("linux", "darwin") else None  # the C library's
     if sys.platform.startswith("linux") and hasattr(libc, "renameat2"):
         done = libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), RENAME_EXCHANGE) == 0  # -100: AT_FDCWD
     elif sys.platform == "darwin" and hasattr(libc, "renamex_np"):
@@ -282,7 +289,8 @@ def replace_folder(new, out):
     """The complete folder `new` becomes `out` in one step: a rename where out does not exist, else an exchange of
     the two (the old set then sits at new's name, and is removed). Where no exchange is possible, out is first
     renamed aside (.NAME.old-PID), which remove_leftovers() of the next run puts back if the run was killed
-    between the two renames."""
+    between the two renames; Windows refuses to rename a folder whose files another process has open, and then
+    nothing is moved."""
     if not out.exists():
         try:
             os.rename(new, out)
@@ -295,36 +303,34 @@ def replace_folder(new, out):
         shutil.rmtree(new)  # the old set
     else:
         old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
+        try:
+            os.rename(out, old)
+        except PermissionError as e:
+            raise ConfigError(f"cannot replace {out}: {e.strerror}; a process that reads it, a train.py or eval.py run "
+                              "on this data set likely, holds its files open (or the folder's permissions forbid "
+                              "it); end that run, then run this command again") from None
         os.rename(new, out)
         shutil.rmtree(old)
 
 
-def running(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: running
-        pass
-    return True
+def leftover_lock(out, pid):
+    """The lock file of the prepare.py run of process pid that replaces out."""
+    return out.parent / f".{out.name}.lock-{pid}"
 
 
 def remove_leftovers(out):
-    """What runs killed before they finished left beside out (and, from versions that wrote into it, in out): their
-    temporary folders and files, and an old set renamed aside whose replacement never came (put back)."""
+    """What runs killed before they finished left beside out: their temporary folders, an old set renamed aside whose
+    replacement never came (put back), and their lock files; each once its run's lock can be taken (the run ended)."""
     for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.*-*")) if out.parent.is_dir() else ():
         kind, _, pid = path.name[len(out.name) + 2:].partition("-")
-        if kind not in ("tmp", "old") or not pid.isdigit() or running(int(pid)):
+        lock = held(leftover_lock(out, pid)) if kind in ("tmp", "old", "lock") and pid.isdigit() else None
+        if lock is None:
             continue  # not ours, or a run that is still going
-        if kind == "old" and not out.exists():
+        if kind == "old" and path.exists() and not out.exists():
             os.rename(path, out)
-        else:
+        elif kind != "lock" and path.exists():  # (gone where another run removed it meanwhile)
             shutil.rmtree(path)
-    for path in out.glob(".*.tmp*") if out.is_dir() else ():  # .train.bin.tmp1234: an earlier version's
-        name, _, pid = path.name[1:].rpartition(".tmp")
-        if name in FILES and pid.isdigit() and not running(int(pid)) and path.is_file():
-            path.unlink()
+        let_go(lock)
 
 
 def write_splits(args, docs, name, dataset, dtype, train_path, val_path):

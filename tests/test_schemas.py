@@ -22,7 +22,7 @@ from conftest import ROOT, alarm, run_script, shakespeare_sample
 from plumbing.config import check_record
 from plumbing.errors import ConfigError
 from plumbing.files import Checkpoint, Meta, read_checkpoint
-from test_errors import checksums
+from test_errors import assert_one_error_line, checksums
 from tools.bench import read_bench
 from tools.kernels import read_counts
 from tools.sweep import read_sweep
@@ -145,6 +145,34 @@ def test_every_field_of_a_checkpoint(full, run, data, tmp_path, capsys):
             assert checksums(folder, data) == before, (name, script)
         shutil.rmtree(folder)
     assert tried > (400 if full else 100) and 0 < worked < tried  # tolerated (an optional field removed), refused
+
+
+@pytest.mark.parametrize("case", ["integer weight", "complex weight", "model_args without block_size"])
+def test_what_torch_would_take_without_a_word_is_one_line(case, run, data, tmp_path, capsys):
+    """load_state_dict casts a weight of integers or complex numbers to its parameter's dtype, and GPTConfig fills
+    in a field that model_args lack with the model file's default: every reader of a checkpoint (sample.py, eval.py,
+    train.py --resume, hf/export.py) refuses it in one line naming the file, what is wrong and the fix, before it
+    prints or writes anything."""
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    weight = next(iter(ckpt["model"]))
+    if case == "model_args without block_size":
+        del ckpt["model_args"]["block_size"]
+    else:
+        ckpt["model"][weight] = ckpt["model"][weight].to(torch.int64 if case == "integer weight" else torch.complex64)
+    folder, to = tmp_path / "run", tmp_path / "hf"
+    shutil.copytree(run, folder)
+    torch.save(ckpt, folder / "ckpt.pt")
+    before = checksums(folder, data)
+    for script, args in [("sample.py", ["--out_dir", folder, "--max_new_tokens=2", "--device=cpu"]),
+                         ("eval.py", ["--out_dir", folder, "--tokens=40", "--data_dir", data, "--device=cpu"]),
+                         ("train.py", ["--resume", "--out_dir", folder, "--data_dir", data, "--max_iters=3",
+                                       "--batch_size=2", "--eval_iters=1", "--device=cpu"]),
+                         ("hf/export.py", ["--out_dir", folder, "--to", to])]:
+        code, out, err = run_script(script, args, capsys)
+        assert_one_error_line(code, err, str(folder / "ckpt.pt"))
+        said = ["block_size", "model_vanilla.py"] if "block_size" in case else [weight, "not floating point"]
+        assert all(words in err for words in said) and "train again" in err, err
+        assert not out and checksums(folder, data) == before and not to.exists(), script
 
 
 def test_every_field_of_meta_json(data, tmp_path, capsys):
@@ -386,7 +414,7 @@ def test_a_bad_merge_part_or_summary_file_changes_nothing(tmp_path, capsys):
 def test_prepare_makes_one_set_at_a_time_and_train_names_a_set_left_aside(tmp_path, monkeypatch, capsys):
     """Two prepare.py runs that make the same new set at once: the one that comes second says so in one line and
     the first one's set is kept whole; a set that a killed run left renamed aside (.NAME.old-PID, where the system
-    has no atomic exchange) is named by train.py with the command that puts it back."""
+    has no atomic exchange) is named by train.py with what puts it back."""
     import prepare
     from plumbing.errors import ConfigError
     (tmp_path / "notes.txt").write_text("A corpus for two runs at once. " * 400)
@@ -407,4 +435,5 @@ def test_prepare_makes_one_set_at_a_time_and_train_names_a_set_left_aside(tmp_pa
     os.rename(out / "notes", aside)  # as a run killed between its two renames leaves it
     code, _, err = run_script("train.py", ["--data_dir", out, "--dataset", "notes", "--out_dir", tmp_path / "run",
                                            *TINY], capsys)
-    assert code == 1 and f"put it back with `mv -- {aside} {out / 'notes'}`" in err and "Traceback" not in err, err
+    assert code == 1 and f"{aside}, where" in err and f"rename that folder back to {out / 'notes'}" in err and \
+        "Traceback" not in err, err
