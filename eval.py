@@ -41,7 +41,7 @@ from tqdm import tqdm
 from analysis.curves import curves
 from analysis.depth_map import (at_start, depth_map_layout, format_depth_map, plot_depth_map, read_depth_map,
                                 start_note)
-from analysis.figures import DEPTH_MAP_AND_WIRING, pyplot_for, run_folder, save_png
+from analysis.figures import DEPTH_MAP_AND_WIRING, FIGURE_FIX, pyplot_for, run_folder, save_png
 from analysis.scoring import import_lm_eval, multiple_choice, read_mc, read_task_file, run_lm_eval
 from analysis.wiring import draw_wiring
 from common import DTYPES, autocast, describe_run, get_tokenizer, model_from_checkpoint, resolve_device, resolve_dtype
@@ -288,7 +288,9 @@ def main(argv):
     if args.logit_lens and not args.plot_path:
         figures.append(lens_png)
     for path in figures if plt is not None else ():  # before any checkpoint is evaluated
-        check_output("--out_dir", path, "file")
+        lens = path == lens_png  # the one whose path --plot_path chooses; a depth map goes beside its checkpoint
+        check_output("--plot_path" if lens else "--depth_map", path, "file",
+                     FIGURE_FIX if lens else "pass --plot false")
     device = resolve_device(args.device)
     ctx = autocast(device, resolve_dtype(args.dtype, device))
     results = []

@@ -4,7 +4,7 @@ evaluated), one colour per run, against the tokens each has seen.
 """
 import os
 
-from analysis.figures import pyplot_for, run_folder, save_png, zoom_range
+from analysis.figures import FIGURE_FIX, pyplot_for, run_folder, save_png, zoom_range
 from plumbing.config import check_record
 from plumbing.errors import ConfigError
 from plumbing.files import LogRecord, parse_json, read_checkpoint, read_text
@@ -104,7 +104,7 @@ def plot_curves(plt, runs, path):
 def curves(args):
     """--curves: the runs' curves in one PNG and one line per run."""
     if args.plot != "false" and not args.plot_path:  # the figure's path, before any log is read
-        check_output("--curves", os.path.join(args.curves[0], "curves.png"), "file")
+        check_output("--plot_path", os.path.join(args.curves[0], "curves.png"), "file", FIGURE_FIX)
     runs = [read_run_log(run) for run in args.curves]
     names = [os.path.basename(os.path.abspath(r["folder"])) for r in runs]
     for r, name in zip(runs, names):  # by folder name, or by path where two runs share a name

@@ -57,9 +57,11 @@ def zoom_range(curves, share=0.4, margin=0.05):
     return (min(xs), max(xs)), (min(ys) - pad, max(ys) + pad)
 
 
+FIGURE_FIX = "pass --plot false, or --plot_path to save it elsewhere"  # a figure that cannot be written where it goes
+
+
 def save_png(fig, path, **kwargs):
     """fig as a PNG at path, whole or not at all and never into a FIFO (written()); kwargs: savefig's. A figure that
     cannot be written there says how to do without it, or where else to put it."""
-    fix = "pass --plot false, or --plot_path to save it elsewhere"
-    with handling(path, fix, fix), written(path, "wb") as f:
+    with handling(path, FIGURE_FIX, FIGURE_FIX), written(path, "wb") as f:
         fig.savefig(f, format="png", **kwargs)

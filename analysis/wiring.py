@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import torch
 
-from analysis.figures import DEPTH_MAP_AND_WIRING, pyplot_for, run_folder, save_png
+from analysis.figures import DEPTH_MAP_AND_WIRING, FIGURE_FIX, pyplot_for, run_folder, save_png
 from common import close_gates, model_from_checkpoint
 from plumbing.errors import ConfigError
 from plumbing.files import open_split, read_meta, to_json
@@ -188,7 +188,7 @@ def draw_wiring(args):
     first = next((e for e in args.wiring if e != "init"), None)
     path = args.plot_path or os.path.join(run_folder(first) if first else ".", "wiring.png")
     if plt is not None and not args.plot_path:
-        check_output("--wiring", path, "file")
+        check_output("--plot_path", path, "file", FIGURE_FIX)
     panels = wiring_panels(args)
     if not args.json:
         print(textwrap.fill(DEPTH_MAP_AND_WIRING, 110))

@@ -204,21 +204,22 @@ def check_paths(config):
                 check_name(f"--{f.name}", path, rule["path"] == "out")
 
 
-def check_output(name, path, kind):
-    """ConfigError naming the option where path cannot become the file or folder (kind) a script writes, before the
-    work that a failed write at its end would waste."""
+def check_output(name, path, kind, fix=None):
+    """ConfigError naming the option that chose path, and fix (else: choose another value of it), where path cannot
+    become the file or folder (kind) a script writes, before the work that a failed write at its end would waste."""
     check_name(name, path)
+    fix = fix or f"choose another {name}"
     if kind == "file":  # a folder is refused, and a FIFO, which opening would wait on
-        regular_file(path, name, "name a file", output=True)
+        regular_file(path, name, fix, output=True)
     elif os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"{name} {path} is a file, and the script writes a folder there; choose another {name}")
+        raise ConfigError(f"{name} {path} is a file, and the script writes a folder there; {fix}")
     folder = path if kind == "folder" else os.path.dirname(path) or "."
     while not os.path.exists(folder):
         folder = os.path.dirname(os.path.abspath(folder))
     try:  # a temporary file finds a read-only file system and a file in the way, also for root
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise ConfigError(f"{name} {path}: {folder} cannot be written ({e.strerror}); choose another {name}")
+        raise ConfigError(f"{name} {path}: {folder} cannot be written ({e.strerror}); {fix}")
 
 
 def attach_option_values(argv, config_class):

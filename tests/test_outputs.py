@@ -91,6 +91,36 @@ def test_a_fifo_where_a_script_writes_a_file_of_its_own_is_one_line(data_dir, tm
         os.remove(results / name)
 
 
+def test_a_figure_that_cannot_be_written_names_the_option_that_chose_its_path(tiny_run, tmp_path, monkeypatch,
+                                                                              capsys):
+    """A figure eval.py puts in a run folder of its own accord (--plot_path ''), where that folder cannot be written
+    (a read-only file system, as the temporary file that the check writes finds it): one line before any work, naming
+    the options that choose where the figure goes (--plot_path, --plot false), not the option that named the run
+    (--curves, --wiring, --out_dir: another run is no fix); nothing is printed or written."""
+    import errno
+    import shutil
+    import tempfile
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    real = tempfile.TemporaryFile
+
+    def read_only(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, run):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real(*args, dir=dir, **kwargs)
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    before = sorted(os.listdir(run))
+    for name, args in [("curves.png", ["--curves", run]), ("wiring.png", ["--wiring", run]),
+                       ("logit_lens.png", ["--out_dir", run, "--tokens=40", "--logit_lens"]),
+                       ("depth_map.png", ["--out_dir", run, "--loss=false", "--depth_map"])]:
+        code, out, err = run_script("eval.py", args, capsys)
+        assert_one_error_line(code, err, "pass --plot false")
+        assert name in err and "Read-only file system" in err and not out, err
+        assert ("--plot_path" in err) == (name != "depth_map.png"), err  # the depth map's folder is the run's
+        assert not any(option in err for option in ("--curves", "--wiring", "--out_dir")), err
+        assert sorted(os.listdir(run)) == before
+
+
 # ---- hints --------------------------------------------------------------------------------------------------
 
 def hint(err):
