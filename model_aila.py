@@ -204,6 +204,13 @@ class GPT(nn.Module):
             m[j, :alpha.size(-1)] = alpha.mean(dim=(0, 1, 2)).cpu()
         return m
 
+    def wiring_points(self):
+        """eval.py --wiring's sources: layer j's output h_j is its merge norm's, whole: (modules, their labels,
+        False); None with the residual merge, whose h~_j + a_j no module returns."""
+        if self.config.aila_merge == "residual":
+            return None
+        return list(self.merge_norm), [str(l + 1) for l in range(self.config.n_layer)], False
+
     def depth_map_layout(self):
         """How eval.py --depth_map draws depth_map(): layer j reads h_0..h_(j-1), arch 1 also h~_j in column j; the
         mixes start uniform."""

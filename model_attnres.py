@@ -226,6 +226,12 @@ class GPT(nn.Module):
             out[r, :a.size(-1)] = a.float().mean(dim=(0, 1)).cpu()
         return out
 
+    def wiring_points(self):
+        """eval.py --wiring's sources: every attention and MLP is a sublayer whose output is a source, whole (the
+        mixes add no identity to what they return): (modules, their labels, False)."""
+        return ([m for block in self.blocks for m in (block.attn, block.mlp)],
+                [f"{kind}{l + 1}" for l in range(self.config.n_layer) for kind in ("a", "m")], False)
+
     def depth_map_layout(self):
         """How eval.py --depth_map draws depth_map(): row r reads its first sources_per_mix()[r] sources; zero
         pseudo-queries start every mix uniform."""

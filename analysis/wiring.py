@@ -1,7 +1,7 @@
 """
 eval.py --wiring: which earlier representations each block reads directly, and how much of what it computes comes
 from each, measured with autograd on the model files (docs/tests.md, "The wiring figure"): every model file and the
-variants its paper compares at initialisation, or trained runs.
+variants its paper compares (common.labelled_models, the tables' labels) at initialisation, or trained runs.
 """
 import os
 import sys
@@ -11,54 +11,34 @@ import numpy as np
 import torch
 
 from analysis.figures import DEPTH_MAP_AND_WIRING, FIGURE_FIX, pyplot_for, run_folder, save_png
-from common import close_gates, model_from_checkpoint
+from common import close_gates, labelled_models, model_from_checkpoint, paper
 from plumbing.errors import ConfigError
 from plumbing.files import open_split, read_meta, to_json
 from plumbing.config import build_model, load_model_module
 from plumbing.options import check_output
 
-# (model file, options, one-line caption): every model file at its defaults, and the variants its paper compares
-WIRINGS = [
-    ("vanilla", {}, "vanilla: the chain"),
-    ("vertical", {}, "Vertical Attention, learned map"),
-    ("vertical", {"va_map": "unet"}, "Vertical Attention, U-Net map"),
-    ("vertical", {"va_map": "inet"}, "Vertical Attention, I-Net map"),
-    ("skiplayer", {}, "Skip-Layer Attention (SLA)"),
-    ("skiplayer", {"ala_every": 2}, "ALA(-), K = 2"),
-    ("attnres", {}, "Attention Residuals, block"),
-    ("attnres", {"attn_res": "full"}, "Attention Residuals, full"),
-    ("aila", {}, "AILA, architecture 2"),
-    ("aila", {"aila_arch": 1}, "AILA, architecture 1"),
-    ("skipmiddle", {}, "skip-middle, gates open"),
-    ("skipmiddle", {"closed": True}, "skip-middle, middle gates closed"),
-]
-
-
 def wiring_points(model):
     """(the modules whose outputs are the representations later blocks read, row labels, whether a row is the
-    module's update, its output minus its input). A residual block's output is its input plus what it computes:
-    the update leaves out that identity, so that a block whose gate is closed reads nothing. attnres's sublayers
-    and AILA's merges add no identity to what they return: their whole output is what they compute."""
-    L = model.config.n_layer
-    if hasattr(model, "out_res"):  # attnres: every attention and MLP is a sublayer whose output is a source
-        return ([m for b in model.blocks for m in (b.attn, b.mlp)],
-                [f"{kind}{l + 1}" for l in range(L) for kind in ("a", "m")], False)
-    if hasattr(model, "mix"):  # AILA: layer j's output is its merge of the block and the mix over earlier layers
-        if not hasattr(model, "merge_norm"):
-            raise ConfigError("--wiring reads AILA's layer outputs off its merge norms; aila_merge residual has none")
-        return list(model.merge_norm), [str(l + 1) for l in range(L)], False
-    return list(model.blocks), [str(l + 1) for l in range(L)], True
+    module's update, its output minus its input), or None where no module returns them: the model file's
+    wiring_points() where it has one (docs/contract.md), else its blocks. A residual block's output is its input
+    plus what it computes: the update leaves out that identity, so that a block whose gate is closed reads nothing."""
+    if hasattr(model, "wiring_points"):
+        return model.wiring_points()
+    return list(model.blocks), [str(l + 1) for l in range(model.config.n_layer)], True
 
 
 def wiring(model, idx, seed):
     """(strengths (rows + 1, 1 + rows), row labels, column labels): row r is point r of wiring_points (a block, or
-    attnres's sublayer), the last row the input of the final norm (what the head reads); column 0 is the
+    a sublayer), the last row the input of the final norm (what the head reads); column 0 is the
     embedding, column c point c - 1's output. Every representation h_c is detached and a zero perturbation e_c
     that requires grad is added to it, so that the only path from e_c to row r's output is a direct read: no
     gradient passes through a block in between. Strength [r, c] = rms(h_c) ||J^T u|| / ||u|| for a Gaussian probe
     u of row r (J = d row_r / d e_c; ||J^T u|| / ||u|| estimates J's RMS singular value): the change of row r per
     relative change of h_c, which no rescaling of h_c alters (a block reads its input through a norm). Vertical
     Attention's row is then its map alpha, not alpha / ||h||. An exact 0 where row r does not read c at all."""
+    if wiring_points(model) is None:
+        raise ConfigError(f"--wiring: no module of this {type(model).__module__}.py model returns what its blocks read "
+                          "(its wiring_points() says so for these options)")
     points, labels, update = wiring_points(model)
     eps, rms, read = [], [], []
 
@@ -97,17 +77,19 @@ def wiring_panels(args):
     panels = []
     for entry in args.wiring:
         if entry == "init":
-            for name, options, caption in WIRINGS:
-                options = dict(options)
-                closed = options.pop("closed", False)
-                module = load_model_module(name)
+            for label, name, options in labelled_models():
                 torch.manual_seed(args.seed)
-                model = build_model(module, options).eval()
-                if closed:  # the middle half of the blocks skipped by every token: tools.bench's --close_gates
-                    close_gates(model, len(model.gates) // 2)  # at gate n_gates // 2 (blocks 1 to 4 of 6)
+                model = build_model(load_model_module(name), options).eval()
+                if wiring_points(model) is None:
+                    print(f"note: --wiring leaves out {label}: its wiring_points() finds no module that returns what "
+                          "its blocks read", file=sys.stderr)
+                    continue
                 idx = torch.randint(model.config.vocab_size, (2, min(64, model.config.block_size)),
                                     generator=torch.Generator().manual_seed(args.seed))
-                panels.append((caption, *wiring(model, idx, args.seed)))
+                panels.append((f"{paper(name)}: {label}", *wiring(model, idx, args.seed)))
+                if getattr(model, "gates", None):  # the middle half of the blocks skipped by every token, as
+                    close_gates(model, len(model.gates) // 2)  # tools.bench's --close_gates (blocks 1 to 4 of 6)
+                    panels.append((f"{paper(name)}: {label}, middle gates closed", *wiring(model, idx, args.seed)))
             continue
         try:
             model, _, ckpt = model_from_checkpoint(entry, keys=("model_name", "model_args", "model", "train_config"))
@@ -122,8 +104,8 @@ def wiring_panels(args):
 
 
 def wiring_tokens(args, ckpt, config):
-    """Two windows from the start of the run's validation split (the maps of aila, attnres and skip-middle's gates
-    depend on the tokens), or random tokens with a note where the data set is not here."""
+    """Two windows from the start of the run's validation split (weights computed per token, and gates, depend on
+    the tokens), or random tokens with a note where the data set is not here."""
     T = min(64, config.block_size)
     saved = ckpt.get("train_config", {})
     data_dir, dataset = args.data_dir or saved.get("data_dir"), args.dataset or saved.get("dataset")
@@ -166,15 +148,15 @@ def plot_wiring(plt, panels, path):
         later = np.array([[c > r and r < n_rows - 1 for c in range(len(labels))] for r in range(n_rows)])
         ax.imshow(np.ma.masked_where(~later, np.ones_like(later, float)), cmap="Greys", vmin=0, vmax=5,
                   aspect="auto", interpolation="nearest")
-        ax.set_title(caption, fontsize=9)
+        ax.set_title(textwrap.fill(caption, 34), fontsize=9)
         step = 1 if len(labels) <= 14 else 2
         ax.set_xticks(range(0, len(labels), step), labels[::step], fontsize=7, rotation=90 if len(labels) > 8 else 0)
         ax.set_yticks(range(0, n_rows, step), rows[::step], fontsize=7)
         ax.axhline(n_rows - 1.5, color="0.5", linewidth=0.6)  # the head's row below the blocks'
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.supxlabel("reads: the embedding, or block j's output (attnres: a = attention, m = MLP sublayer)", fontsize=9)
-    fig.supylabel("block l (attnres: sublayer), then the head", fontsize=9)
+    fig.supxlabel("reads: the embedding, or block j's output (aj, mj: block j's attention or MLP sublayer)", fontsize=9)
+    fig.supylabel("block l (or its sublayer), then the head", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.5, label="share of the row's direct reads")
     fig.suptitle(textwrap.fill(DEPTH_MAP_AND_WIRING, int(28 * cols + 10)), fontsize=9)
     save_png(fig, path, dpi=110)

@@ -8,7 +8,14 @@ import pytest
 from conftest import ROOT, run_script
 
 from analysis import wiring
+from common import labelled_models, paper
 evalpy = importlib.import_module("eval")
+
+# every label of the tables, captioned by its paper, and skip-middle with its middle gates closed; AILA's residual
+# merge, whose layer outputs no module returns, has no panel
+CAPTIONS = [f"{paper(name)}: {label}" for label, name, _ in labelled_models() if label != "aila-residual"]
+CAPTIONS.insert(CAPTIONS.index("Skip the Middle Layers: skipmiddle") + 1,
+                "Skip the Middle Layers: skipmiddle, middle gates closed")
 
 
 @pytest.fixture(scope="module")
@@ -34,55 +41,53 @@ def vertical_fixed(kind, L):
     return out
 
 
-def expected(caption, L, H, skip_layers):
-    """Each panel's rows as its paper states them (the head's row last)."""
+def expected(label, L, H, skip_layers):
+    """Each panel's rows as its paper states them (the head's row last), by the label of its caption."""
     head = [{L}]
-    if caption.startswith("vanilla"):
+    if label in ("vanilla", "skipmiddle-dense") or label.split("-")[0] == "dwa":  # DWA starts at the identity
         return chain(L) + head
-    if caption == "Vertical Attention, learned map":  # eq. 4: v^l mixes every source 1..l
+    if label == "vertical":  # eq. 4: v^l mixes every source 1..l
         return [set(range(l + 1)) for l in range(L)] + head
-    if caption.startswith("Vertical Attention, U-Net"):
-        return vertical_fixed("unet", L) + head
-    if caption.startswith("Vertical Attention, I-Net"):
-        return vertical_fixed("inet", L) + head
-    if caption.startswith("Skip-Layer"):  # the skip heads of layer l > n_l read the keys and values of layer l - n_l
+    if label in ("vertical-unet", "vertical-inet"):
+        return vertical_fixed(label.split("-")[1], L) + head
+    if label == "skiplayer":  # the skip heads of layer l > n_l read the keys and values of layer l - n_l
         return [{l} | ({l - skip_layers} if l >= skip_layers else set()) for l in range(L)] + head
-    if caption.startswith("ALA"):  # the last layer's head i reads layer L - K*i (1-indexed), K = 2
+    if label == "skiplayer-ala":  # ALA(-): the last layer's head i reads layer L - K*i (1-indexed), K = 2
         K = 2
         return chain(L)[:-1] + [{L - 1 - K * i for i in range(H) if L - 1 - K * i >= 0}] + head
-    if caption.startswith("Attention Residuals"):  # every sublayer, and the output mix, reads every earlier one
+    if label in ("attnres", "attnres-full"):  # every sublayer, and the output mix, reads every earlier one
         return [set(range(s + 1)) for s in range(2 * L)] + [set(range(2 * L + 1))]
-    if caption.startswith("AILA"):  # layer j attends over h_0 .. h_{j-1}
+    if label in ("aila", "aila-arch1"):  # layer j attends over h_0 .. h_{j-1}
         return [set(range(l + 1)) for l in range(L)] + head
-    if caption == "skip-middle, gates open":  # eqs. 1-2: block l's gate sums s_0..s_m of the streams entering
+    if label == "skipmiddle":  # eqs. 1-2, gates open: block l's gate sums s_0..s_m of the streams entering
         # blocks 0..m, m = min(l, L-1-l) (a second-half block uses its mirror's gate)
         return [{l} | set(range(min(l, L - 1 - l) + 1)) for l in range(L)] + head
-    if caption == "skip-middle, middle gates closed":  # gate K closed: blocks K..L-1-K skipped, reading nothing
+    if label == "skipmiddle, middle gates closed":  # gate K closed: blocks K..L-1-K skipped, reading nothing
         K = ((L + 1) // 2) // 2
         return [set() if K <= l <= L - 1 - K else {l} for l in range(L)] + head
-    raise AssertionError(f"no pattern stated for the panel {caption!r}")
+    raise AssertionError(f"no pattern stated for the panel {label!r}")
 
 
-def test_the_figure_draws_every_model_file_and_the_variants_its_paper_compares(panels):
-    names = {name for name, _, _ in wiring.WIRINGS}
+def test_the_figure_draws_every_label_of_the_tables(panels):
+    """Every model file at its defaults and with each of the VARIANTS its paper compares, captioned by its PAPER."""
     model_files = {os.path.basename(p)[6:-3] for p in os.listdir(ROOT) if p.startswith("model_") and p.endswith(".py")}
-    assert names == model_files
-    assert len(panels) == len(wiring.WIRINGS) == 12
+    assert {name for label, name, _ in labelled_models()} == model_files
+    assert list(panels) == CAPTIONS
 
 
-@pytest.mark.parametrize("caption", [c for _, _, c in wiring.WIRINGS])
+@pytest.mark.parametrize("caption", CAPTIONS)
 def test_each_panel_reads_what_its_paper_states(panels, caption):
     gains, rows, cols = panels[caption]
     L, H = 6, 4  # the model files' default shape, which the figure draws
     skip_layers = round(3 * L / 4)  # the SLA paper's default n_l
-    want = expected(caption, L, H, skip_layers)
+    want = expected(caption.split(": ", 1)[1], L, H, skip_layers)
     got = [{c for c in range(len(cols)) if gains[r, c] != 0} for r in range(len(rows))]
     assert got == want, caption
     assert (gains >= 0).all() and gains.isfinite().all()
 
 
 def test_vanilla_is_the_chain_and_a_later_block_never_reads_ahead(panels):
-    gains, rows, cols = panels["vanilla: the chain"]
+    gains, rows, cols = panels["baseline: vanilla"]
     assert rows[-1] == "head" and cols[0] == "emb"
     assert [[c for c in range(len(cols)) if gains[r, c] != 0] for r in range(len(rows))] == [[r] for r in range(7)]
     for caption, (gains, rows, cols) in panels.items():  # causality in depth: nothing reads a later representation
