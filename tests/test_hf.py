@@ -153,11 +153,14 @@ def test_export_then_import_is_the_identity(arch, imported, data_dir, tmp_path, 
 # what each docstring claims about step 0 after --init_from, and the logits that check it
 CLAIMS = {"vanilla": "function-preserving, exactly", "attnres": "function-preserving up to the norms' eps",
           "vertical": "not function-preserving", "skiplayer": "not function-preserving",
-          "aila": "not function-preserving", "skipmiddle": "not function-preserving"}
+          "aila": "not function-preserving", "skipmiddle": "not function-preserving",
+          "dwa": "function-preserving, exactly"}
 # other settings whose claim a docstring also states
 MORE = {"skiplayer": [(dict(skip_heads=0), "function-preserving, exactly")],
         "attnres": [(dict(attn_res="full"), "function-preserving up to the norms' eps"),
-                    (dict(recency_bias=3.0), "not function-preserving")]}
+                    (dict(recency_bias=3.0), "not function-preserving")],
+        "dwa": [(dict(dwa_map=m), "function-preserving, exactly") for m in ("x0", "unet")]
+        + [(dict(dwa_dilation=2, dwa_period=2), "function-preserving, exactly")]}
 
 
 def start_from(name, folder, meta, **overrides):
