@@ -12,10 +12,11 @@ dwa_map keeps only the connections practitioners use (learned, the same identity
     x0:    alpha_{i,i} and alpha_{i,0} (nanochat's resid and x0 lambdas): 2L scalars
     unet:  alpha_{i,i}, and for L/2 < i < L alpha_{i,L-i}, the pair of model_vertical.py's U-Net map
            (modded-nanogpt's U-net skips): L + ceil(L/2) - 1 scalars
-Dilation k and period p (the paper's k x p models): a DWA after every p-th block only, over the X_j with i - j
-divisible by k p; 1 x 1 is the default. alpha is trained as DenseFormer's code trains it: each row a Linear(n, 1)
-weight there, weight-decayed at the model's learning rate (experiments/models/denseformer.py at c99a623); here a
-(1, n) matrix, which vanilla's param_groups decays alike. docs/dwa.md: the readings, the relations to the other
+Dilation k and period p (the k x p models as DenseFormer's experiments code builds them; for p > 1 its DWAModules
+mixes every k-th block output instead): a DWA after every p-th block only, over the X_j with i - j divisible by
+k p; 1 x 1 is the default. alpha is trained as DenseFormer's code trains it: each row a Linear(n, 1) weight there,
+weight-decayed at the model's learning rate (experiments/models/denseformer.py at c99a623); here a (1, n) matrix,
+which vanilla's param_groups decays alike. docs/dwa.md: the readings, the relations to the other
 files and to nanochat and modded-nanogpt.
 """
 import math
