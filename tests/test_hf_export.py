@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -395,6 +394,7 @@ def test_a_write_that_fails_is_one_line_and_leaves_no_folder(name, data_dir, tmp
     """hf/export.py under a file-size limit (ulimit -f; SIGXFSZ ignored, so a write past it returns EFBIG, as a full
     disk returns ENOSPC): the failed write, safetensors' own error or an OSError, is one line naming --to, and
     neither --to nor the temporary folder beside it is left."""
+    resource = pytest.importorskip("resource", reason="a file-size limit needs the POSIX module resource")
     run = make_run(name, {}, data_dir, tmp_path / "run")
     limit = 16 << 10  # config.json fits, model.safetensors does not
 

@@ -1,13 +1,12 @@
 """train.py's progress: a bar on a terminal; where stderr is a file or a pipe (a cluster's log, `> log.txt 2>&1`)
 no bar and no carriage returns, every periodic record a line of its own."""
-import fcntl
 import os
-import pty
 import re
 import struct
 import subprocess
 import sys
-import termios
+
+import pytest
 
 from conftest import ROOT
 
@@ -19,6 +18,20 @@ def train(data_dir, out_dir, stderr, stdout=subprocess.PIPE):
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", data_dir, "--out_dir",
                            str(out_dir), *TINY], cwd=ROOT, stdout=stdout, stderr=stderr, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def terminal():
+    """(main, other): a pseudo-terminal 100 columns wide (for the bar); the tests that need one skip where there is
+    none (Windows has no pty, fcntl or termios)."""
+    try:
+        import fcntl
+        import pty
+        import termios
+    except ImportError:
+        pytest.skip("a pseudo-terminal needs the POSIX modules pty, fcntl and termios")
+    main, other = pty.openpty()
+    fcntl.ioctl(other, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    return main, other
 
 
 def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
@@ -35,8 +48,7 @@ def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
 def test_a_terminal_gets_the_bar(data_dir, tmp_path):
     """The same run with stderr on a terminal: the bar (carriage returns on stderr) carries the periodic records,
     and only the evaluations are lines."""
-    main, other = pty.openpty()
-    fcntl.ioctl(other, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns for the bar
+    main, other = terminal()
     try:
         proc = train(data_dir, tmp_path / "run", other)
         os.close(other)
@@ -61,8 +73,7 @@ def test_a_terminal_gets_the_bar(data_dir, tmp_path):
 def test_on_a_terminal_the_closing_line_comes_after_the_bar(data_dir, tmp_path):
     """stdout and stderr on one terminal, as a learner runs it: the `done:` line is the last thing drawn, on a line
     of its own, not into the bar, which is not drawn again below it."""
-    main, other = pty.openpty()
-    fcntl.ioctl(other, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    main, other = terminal()
     try:
         proc = train(data_dir, tmp_path / "run", other, other)
         os.close(other)

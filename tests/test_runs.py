@@ -283,6 +283,7 @@ def test_a_resumed_run_keeps_its_global_batch(data, tmp_path, capsys):
 
 
 @pytest.mark.slow  # torchrun, two processes
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="the worker is killed with SIGKILL (POSIX)")
 def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
     """kill -9 of one of two processes: the one left ends in one `error:` line naming the checkpoint kept (its
     collective lost its peer), not a traceback; the checkpoint and the log are whole."""

@@ -132,6 +132,7 @@ def readable(folder):
     return meta["dataset"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the killed copy of the process is made with os.fork (POSIX)")
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "renames"])
 def test_a_killed_prepare_leaves_a_whole_data_set(exchange, tmp_path):
     """Killed at every step that replaces the data set, prepare.py leaves the old one or the new one, whole (with
