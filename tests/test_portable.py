@@ -1,7 +1,8 @@
 """What runs on Linux, macOS and Windows alike, read from the code and from what the platform reports: no module
-outside tests/ uses a POSIX-only name outside a platform test (ast; the check is shown to fail on made-up code),
-and each decision that depends on the platform (the device of --device auto, DDP's backend, compiling by default,
-the memory check) is made from what the platform reports, here monkeypatched."""
+outside tests/ uses a POSIX-only name outside a platform test, nor opens a text file without naming its encoding
+(ast; each check is shown to fail on made-up code), and each decision that depends on the platform (the device of
+--device auto, DDP's backend, compiling by default, the memory check) is made from what the platform reports, here
+monkeypatched."""
 import ast
 import glob
 import importlib.machinery
@@ -139,6 +140,59 @@ def test_no_module_uses_a_posix_only_name_outside_a_platform_test():
 ])
 def test_the_static_check_flags_a_bare_use_and_passes_a_guarded_one(snippet, expected):
     assert posix_uses(snippet) == expected
+
+
+def unencoded_text_files(source, filename="<snippet>"):
+    """[(line, call)] of every text file source opens without naming its encoding (Windows' default is the ANSI code
+    page, cp1252, not UTF-8): open() and os.fdopen() in a text mode, a path's open(), read_text() and write_text(),
+    and tempfile's NamedTemporaryFile / TemporaryFile / SpooledTemporaryFile in a text mode (os.open's files have no
+    encoding). The repository's own read_text(path, what, fix) is told apart from a path's by its arguments."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Call) or any(k.arg == "encoding" for k in node.keywords):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        keywords = {k.arg: k.value for k in node.keywords}
+        owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else None
+        if (name == "open" and owner in (None, "io", "codecs")) or (name == "fdopen" and owner == "os"):
+            mode, at = (node.args[1] if len(node.args) > 1 else keywords.get("mode")), 3  # (file, mode, buffering,
+        elif name == "open" and owner != "os":  # a path's open(mode, buffering, encoding): a mode given as a string,
+            mode, at = (node.args[0] if node.args else keywords.get("mode", ast.Constant("r"))), 2  # or none
+            if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)):
+                continue  # another library's open(name, ...): gzip, tarfile, an image
+        elif name in ("NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile"):
+            mode, at = (node.args[0] if node.args else keywords.get("mode", ast.Constant("w+b"))), 3
+        elif name == "read_text" and isinstance(f, ast.Attribute) and not node.args:
+            mode, at = ast.Constant("r"), 0
+        elif name == "write_text" and isinstance(f, ast.Attribute) and len(node.args) == 1:
+            mode, at = ast.Constant("w"), 1
+        else:
+            continue
+        text = mode is None or not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)) \
+            or "b" not in mode.value  # a mode computed at run time counts as text
+        if text and len(node.args) <= at:
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_every_text_file_names_its_encoding():
+    found = {path: calls for path in repository_modules()
+             if (calls := unencoded_text_files(open(os.path.join(ROOT, path), encoding="utf-8").read(), path))}
+    assert not found, "text files opened without an encoding (line, call): " + repr(found)
+
+
+@pytest.mark.parametrize("snippet, flagged", [
+    ("open(p)", True), ("open(p, 'w')", True), ("open(p, mode='a')", True), ("os.fdopen(fd, 'w')", True),
+    ("pathlib.Path(p).read_text()", True), ("path.write_text(s)", True), ("path.open('w')", True),
+    ("tempfile.NamedTemporaryFile('w')", True), ("open(p, mode)", True),
+    ("open(p, encoding='utf-8')", False), ("open(p, 'rb')", False), ("open(p, 'w', -1, 'utf-8')", False),
+    ("path.read_text(encoding='utf-8')", False), ("path.write_text(s, 'utf-8')", False), ("path.open('rb')", False),
+    ("tempfile.NamedTemporaryFile()", False), ("read_text(path, 'the log', fix)", False),
+    ("os.open(p, os.O_RDONLY)", False), ("gzip.open(p)", False), ("path.open()", True), ("io.open(p, 'w')", True),
+])
+def test_the_encoding_check_flags_a_text_file_without_one(snippet, flagged):
+    assert bool(unencoded_text_files(snippet)) == flagged
 
 
 # ---- the decisions made from what the platform reports ---------------------------------------------------------
