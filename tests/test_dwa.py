@@ -194,6 +194,19 @@ def test_causal_away_from_the_identity(variant):
     assert not torch.allclose(a[:, 20:], b[:, 20:])
 
 
+@pytest.mark.slow  # inductor compiles the decode step: about a minute
+def test_compiled_decode_step_equals_recomputation_away_from_the_identity():
+    """tests/test_decode.py compiles every model's step (as sample.py --compile does) at init, where alpha is the
+    identity; here alpha is random, past block_size where the window restarts."""
+    from generate import compile_decode_step
+    torch._dynamo.reset()
+    model = randomise(build(model_dwa, block_size=16, n_layer=4)).eval()
+    step = compile_decode_step(model, torch.device("cpu"))
+    prompt = tokens(T=5)
+    assert torch.equal(generate(model, prompt, 40, temperature=0, step=step),
+                       generate(model, prompt, 40, temperature=0, use_cache=False))
+
+
 # ---- parameters, and DenseFormer's code ------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_layer", [1, 2, 3, 6, 7, 12])
