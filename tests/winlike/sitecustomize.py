@@ -12,9 +12,11 @@ take their own win32 branches, which this Linux cannot play; taking the names fr
 branches without the facilities those branches need (torchrun's agent reads signal.SIGKILL and calls os.killpg,
 filelock picks its lock by whether fcntl imports), not the repository. A repository file that imports fcntl,
 resource, termios, pty or tty gets ModuleNotFoundError; `import os` and `import signal` give it the module less
-the absent names, so a bare os.sysconf raises AttributeError and hasattr(os, "sysconf") is False, as on Windows;
-`import ctypes` gives ctypes whose CDLL(None) raises Windows' TypeError. importlib.import_module("fcntl") and
-__import__("fcntl") called by hand are not played (the repository uses neither for these).
+the absent names, so a bare os.sysconf raises AttributeError and hasattr(os, "sysconf") is False, as on Windows.
+importlib.import_module("fcntl") and __import__("fcntl") called by hand are not played (the repository uses
+neither for these). What is played is the facilities' absence, which code finds by asking for them (hasattr, a try
+of the import); sys.platform and os.name still say Linux, so a branch on them takes Linux's way (ctypes.CDLL(None),
+which Windows refuses, is left to tests/test_portable.py's static check for that reason).
 """
 import _io
 import builtins
@@ -29,7 +31,7 @@ import types
 
 PLAY = os.environ.get("WINLIKE", "windows")
 ABSENT_MODULES = {"fcntl", "resource", "termios", "pty", "tty"}  # (pty and tty import termios)
-ABSENT_NAMES = {"os": {"sysconf", "fork", "killpg"}, "signal": {"SIGPIPE", "SIGKILL", "SIGHUP"}, "ctypes": set()}
+ABSENT_NAMES = {"os": {"sysconf", "fork", "killpg"}, "signal": {"SIGPIPE", "SIGKILL", "SIGHUP"}}
 ENCODING = "cp1252"  # Windows' ANSI code page in Western Europe and the Americas: no 'Δ', no '\ufffd'
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,21 +43,21 @@ LIBRARIES = {os.path.join(sysconfig.get_paths()[k], "") for k in ("stdlib", "pla
 class Without(types.ModuleType):
     """A module as Windows has it: every attribute of the real one but the absent names."""
 
-    def __init__(self, module, absent, played=None):
+    def __init__(self, module, absent):
         super().__init__(module.__name__, module.__doc__)
-        object.__setattr__(self, "_winlike", (module, frozenset(absent), played or {}))
+        object.__setattr__(self, "_winlike", (module, frozenset(absent)))
 
     def __getattribute__(self, name):
-        module, absent, played = object.__getattribute__(self, "_winlike")
+        module, absent = object.__getattribute__(self, "_winlike")
         if name in absent:
             raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
-        return played[name] if name in played else getattr(module, name)
+        return getattr(module, name)
 
     def __setattr__(self, name, value):
         setattr(object.__getattribute__(self, "_winlike")[0], name, value)
 
     def __dir__(self):
-        module, absent, _ = object.__getattribute__(self, "_winlike")
+        module, absent = object.__getattribute__(self, "_winlike")
         return sorted(set(dir(module)) - absent)
 
 
@@ -75,19 +77,7 @@ def repository_file(globals_):
 
 
 def play_windows():
-    import ctypes
-
-    class CDLL(ctypes.CDLL):
-        """ctypes.CDLL(None), the process's own symbols on POSIX, is a TypeError on Windows (LoadLibrary wants a
-        name)."""
-
-        def __init__(self, name, *args, **kwargs):
-            if name is None:
-                raise TypeError("LoadLibrary() argument 1 must be str, not None")
-            super().__init__(name, *args, **kwargs)
-
-    views = {name: Without(__import__(name), absent, {"CDLL": CDLL} if name == "ctypes" else None)
-             for name, absent in ABSENT_NAMES.items()}
+    views = {name: Without(__import__(name), absent) for name, absent in ABSENT_NAMES.items()}
     real_import = builtins.__import__
 
     def windows_import(name, globals=None, locals=None, fromlist=(), level=0):
