@@ -46,7 +46,7 @@ def main(argv):
     if os.path.exists(args.to) and (not os.path.isdir(args.to) or os.listdir(args.to)):
         raise ConfigError(f"--to {args.to} exists and is not an empty folder; choose another --to or remove it")
     model, _, ckpt = model_from_checkpoint(args.out_dir, keys=("model_name", "model_args", "model", "meta"))
-    model_args = dict(vars(model.config))  # the checkpoint's options, with the defaults of any it predates
+    model_args = dict(vars(model.config))  # the checkpoint's options: every field of its model file (read_checkpoint)
     source = (ckpt.get("train_config") or {}).get("init_from") or None  # the folder it started from, if any
     config = convert.export(ckpt["model_name"], model.state_dict(), model_args, args.to, ckpt["meta"] or {}, source,
                             getattr(torch, args.dtype), args.tokenizer or None)

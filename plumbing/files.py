@@ -23,7 +23,7 @@ import torch
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/files.py is a library module (every file's readers and writers); run `python train.py --help`")
 
-from plumbing.config import check_record, option
+from plumbing.config import check_record, load_model_module, option
 from plumbing.errors import ConfigError, arg, handling, naming, note, printable, script_command
 
 FILE_BYTES = 256 << 20  # the most bytes a script reads whole: a file of text, JSON or a preset (the rest is mapped)
@@ -207,9 +207,9 @@ class LogRecord:
 @dataclasses.dataclass
 class Checkpoint:
     """The fields of ckpt.pt the scripts read: meta, train_config and run are held to Meta, TrainedOn and RunShape,
-    the weights, the optimiser and random states by torch as they load."""
+    the weights' names and shapes, the optimiser and random states by torch as they load."""
     model_name: str = option(None, "model_<model_name>.py", required=True)
-    model_args: dict = option(None, "its GPTConfig's fields", required=True)
+    model_args: dict = option(None, "every field of its GPTConfig", required=True)
     model: dict = option(None, "the state_dict", required=True)
     iter_num: int = option(None, "the step", min=0)
     tokens_seen: int = option(None, "tokens trained on", min=0)
@@ -280,9 +280,14 @@ def read_checkpoint(path, keys=(), mmap=False):
     for name, record in (("meta", Meta), ("train_config", TrainedOn), ("run", RunShape)):
         if ckpt.get(name) is not None:
             check_record(record, ckpt[name], f"{path}'s {name}", fix)
-    missing = [k for k in keys if k not in ckpt]
-    if missing:
-        raise ConfigError(f"{printable(path)} lacks {', '.join(missing)}: it was not saved by this version of train.py")
+    fields = [f.name for f in dataclasses.fields(load_model_module(ckpt["model_name"]).GPTConfig)]
+    missing = [k for k in keys if k not in ckpt] + [f"model_args' {n}" for n in fields if n not in ckpt["model_args"]]
+    if missing:  # (for a field model_args lack, GPTConfig would take its default: another model than was trained)
+        raise ConfigError(f"{printable(path)} lacks {', '.join(missing)}: it was saved by another version of train.py "
+                          f"or model_{ckpt['model_name']}.py; use that version, or train again")
+    for name, weight in ckpt["model"].items():  # which load_state_dict would cast to its parameter's dtype, unasked
+        if torch.is_tensor(weight) and not weight.is_floating_point():
+            raise ConfigError(f"{printable(path)}: its weight {name} is {weight.dtype}, not floating point; {fix}")
     return ckpt
 
 

@@ -54,7 +54,7 @@ CHECKPOINT_FIELDS = [  # (id, change, the script that read it, what its line say
      "size mismatch for norm.weight"),  # load_state_dict's own check
     ("a_weight_missing", lambda c: c["model"].pop("norm.weight"), "sample", "Missing key(s)"),
     ("integer_weights", lambda c: c["model"].update({"norm.weight": c["model"]["norm.weight"].long()}), "sample",
-     None),  # load_state_dict casts a weight to the parameter's dtype, as it does for any state dict
+     "norm.weight is torch.int64, not floating point"),  # which load_state_dict would cast to the parameter's dtype
     ("eot_past_the_vocabulary", lambda c: c["meta"].update(eot_token=300), "export",
      "eot_token 300 is not below vocab_size"),
 ]

@@ -105,14 +105,15 @@ def test_checkpoint_round_trip(name, variant, overrides, tmp_path):
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     path = str(tmp_path / "ckpt.pt")
-    train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides}, "model": model.state_dict()})
+    args = dict(vars(model.config))  # every field of its GPTConfig, as train.py saves them
+    train.save_checkpoint(path, {"model_name": name, "model_args": args, "model": model.state_dict()})
     loaded, _, _ = model_from_checkpoint(path)
     idx = torch.randint(0, TINY["vocab_size"], (2, 24))
     assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
     assert all("module." not in k and "_orig_mod" not in k for k in torch.load(path)["model"])
     # a checkpoint of an older layout (q, k and v as separate matmuls, as Llama has them) is refused by
     # load_state_dict's own check, as one error naming the file
-    train.save_checkpoint(path, {"model_name": name, "model_args": {**TINY, **overrides},
+    train.save_checkpoint(path, {"model_name": name, "model_args": args,
                                  "model": split_fused(model.state_dict(), model.config)})
     with pytest.raises(ConfigError, match="ckpt.pt .*Missing key"):
         model_from_checkpoint(path)
