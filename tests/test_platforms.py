@@ -184,7 +184,7 @@ def quick(play, tmp_path_factory):
     model file on a small copy of it: {"prepare": the two results, "data": the small copy, name: (result, run)}."""
     folder = tmp_path_factory.mktemp(f"quick-{play}")
     state = {"prepare": [run(play, "prepare.py", "--out_dir", folder / "data") for _ in range(2)]}
-    if all(code == 0 for code, _, _ in state["prepare"]):
+    if (folder / "data" / "shakespeare" / "meta.json").exists():  # (a second run that failed left the first's)
         state["data"] = shakespeare_sample(str(folder / "data"), folder / "small")
         for name in model_names():
             out = folder / "runs" / name
