@@ -108,8 +108,9 @@ def test_the_played_python_plays_its_platform(play, tmp_path):
 
 
 def commands():
-    """Every file of the repository outside tests/ that runs as a command (a `__main__` block): its path, and how
-    it is run (a file at the top, a module in a folder). hf/hf_model.py needs transformers (requirements-eval.txt)."""
+    """Every file of the repository outside tests/ that runs as a command (a `__main__` block), as a path with "/"
+    (a file at the top runs as a file, one in a folder as a module). hf/hf_model.py needs transformers
+    (requirements-eval.txt)."""
     found = []
     for path in sorted(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "*", "*.py"))):
         rel = os.path.relpath(path, ROOT)
@@ -117,7 +118,7 @@ def commands():
             continue
         if rel == os.path.join("hf", "hf_model.py") and importlib.util.find_spec("transformers") is None:
             continue
-        found.append(rel)
+        found.append(rel.replace(os.sep, "/"))
     return found
 
 
@@ -171,7 +172,7 @@ def test_the_suite_collects_on_the_played_windows():
     assert not errors and count == plain, (errors, count, plain, out[-3000:])
 
 
-# ---- the quick start, under each play (slow: about a minute and a half each) -----------------------------------
+# ---- the quick start, under each play (slow: about 75 s of CPU each, 16 processes) ------------------------------
 
 @pytest.fixture(scope="module", params=PLAYS)
 def play(request):
