@@ -265,11 +265,8 @@ def missing_run_hint(path):
 def read_checkpoint(path, keys=(), mmap=False):
     """The dict train.py saved at path, read with weights_only (it runs no code), with keys, held to Checkpoint."""
     fix = "restore it from a copy, or train again"
-    try:
-        os.stat(path)  # (any other OSError, a link that loops, is the boundary's to say)
-    except FileNotFoundError:
-        raise ConfigError(f"no checkpoint at {printable(path)}; {missing_run_hint(path)}") from None
-    regular_file(path, "the checkpoint", "pass a run folder that holds train.py's ckpt.pt")
+    regular_file(path, "the checkpoint", missing_run_hint(path) if not os.path.lexists(path) else  # (any other
+                 "pass a run folder that holds train.py's ckpt.pt")  # OSError, a link that loops: the boundary's)
     with handling(path, f"the file is truncated, empty or not a checkpoint; {fix}"):
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     if not isinstance(ckpt, dict) or "model_name" not in ckpt:
