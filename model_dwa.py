@@ -12,12 +12,11 @@ dwa_map keeps only the connections practitioners use (learned, the same identity
     x0:    alpha_{i,i} and alpha_{i,0} (nanochat's resid and x0 lambdas): 2L scalars
     unet:  alpha_{i,i}, and for L/2 < i < L alpha_{i,L-i}, the pair of model_vertical.py's U-Net map
            (modded-nanogpt's U-net skips): L + ceil(L/2) - 1 scalars
-Dilation k and period p (the k x p models as DenseFormer's experiments code builds them; for p > 1 its DWAModules
-mixes every k-th block output instead): a DWA after every p-th block only, over the X_j with i - j divisible by
-k p; 1 x 1 is the default. alpha is trained as DenseFormer's code trains it: each row a Linear(n, 1) weight there,
-weight-decayed at the model's learning rate (experiments/models/denseformer.py at c99a623); here a (1, n) matrix,
-which vanilla's param_groups decays alike. docs/dwa.md: the readings, the relations to the other
-files and to nanochat and modded-nanogpt.
+Dilation k and period p (the paper's k x p models, as its DWAModules builds them): a DWA after every p-th block
+only (Y_i = X_i elsewhere), over the X_j with k dividing i - j; 1 x 1 is the default. alpha is trained as
+DenseFormer's code trains it: each row a Linear(n, 1) weight, weight-decayed at the model's learning rate
+(experiments/models/denseformer.py at c99a623); here a (1, n) matrix, which vanilla's param_groups decays alike.
+docs/dwa.md: the readings, and the relations to the other files and to nanochat and modded-nanogpt.
 """
 import math
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ class GPTConfig:
     dwa_map: str = option("dense", "which alpha_{i,j} are learned: dense (DenseFormer: every earlier output), x0 (the "
                           "stream and the embedding), unet (the stream and the mirror block)",
                           choices=("dense", "x0", "unet"))
-    dwa_dilation: int = option(1, "DenseFormer's k: a DWA mixes the outputs j with i - j divisible by k p", min=1)
+    dwa_dilation: int = option(1, "DenseFormer's k: the DWA after block i mixes the X_j with k dividing i - j", min=1)
     dwa_period: int = option(1, "DenseFormer's p: a DWA after every p-th block only", min=1)
 
     def __post_init__(self):  # the rules across fields; each field's own are checked by the scripts
@@ -68,6 +67,9 @@ class GPTConfig:
         if self.dwa_map != "dense" and (self.dwa_dilation, self.dwa_period) != (1, 1):
             raise ValueError(f"--dwa_dilation and --dwa_period thin DenseFormer's dense map; --dwa_map {self.dwa_map} "
                              "has its own sparse map: leave them at 1")
+        if self.dwa_period > self.n_layer:
+            raise ValueError(f"--dwa_period {self.dwa_period} leaves the {self.n_layer} blocks without a DWA, a vanilla "
+                             "model: choose a period of at most --n_layer")
 
 
 def dwa_sources(config):
@@ -78,7 +80,7 @@ def dwa_sources(config):
         return [[0, i] for i in range(1, L + 1)]
     if config.dwa_map == "unet":
         return [[L - i, i] if L / 2 < i < L else [i] for i in range(1, L + 1)]
-    return [[j for j in range(i + 1) if (i - j) % (k * p) == 0] if i % p == 0 else [] for i in range(1, L + 1)]
+    return [[j for j in range(i + 1) if (i - j) % k == 0] if i % p == 0 else [] for i in range(1, L + 1)]
 
 
 class GPT(nn.Module):
@@ -102,7 +104,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         self.dwa_sources = dwa_sources(config)
         # alpha after block i: a (1, n_sources) row like DenseFormer's Linear(n, 1) weight, 1 on X_i and 0 elsewhere
-        self.dwa_alpha = nn.ParameterList([nn.Parameter((torch.tensor(src) == i).float()[None])
+        self.dwa_alpha = nn.ParameterList([nn.Parameter(torch.tensor([[float(j == i) for j in src]]))
                                            for i, src in enumerate(self.dwa_sources, start=1) if src])
 
     def depth_map(self, idx=None):

@@ -38,13 +38,13 @@ def tokens(B=2, T=24, seed=1):
 
 def expected_sources(L, dwa_map="dense", k=1, p=1):
     """The j of each row's alpha_{i,j} (i = 1..L), from the definitions (model docstring, docs/dwa.md), written out
-    here on their own: dense: every j <= i with i - j divisible by k p, in the rows i divisible by p (none elsewhere);
+    here on their own: dense: every j <= i with i - j divisible by k, in the rows i divisible by p (none elsewhere);
     x0: j = 0 and i; unet: i, and L - i in the rows L/2 < i < L."""
     if dwa_map == "x0":
         return [[0, i] for i in range(1, L + 1)]
     if dwa_map == "unet":
         return [sorted({i, L - i}) if 2 * i > L and i < L else [i] for i in range(1, L + 1)]
-    return [[j for j in range(0, i + 1) if (i - j) % (k * p) == 0] if i % p == 0 else [] for i in range(1, L + 1)]
+    return [[j for j in range(0, i + 1) if (i - j) % k == 0] if i % p == 0 else [] for i in range(1, L + 1)]
 
 
 def randomise(model, seed=0):
@@ -258,27 +258,23 @@ KP = [(k, p) for k in (1, 2, 3, 4) for p in (1, 2, 3, 4)]
 @pytest.mark.parametrize("k,p", KP, ids=[f"{k}x{p}" for k, p in KP])
 def test_k_x_p_rows_follow_denseformers_code(n_layer, k, p):
     """The rows and sources of the k x p models against DenseFormer's code, re-implemented above. Its two versions
-    agree for p = 1; for p > 1 the experiments model (the one its paper trained) reads only the outputs of groups of
-    p blocks, every k-th of them, where DWAModules reads every k-th block output: model_dwa.py follows the first."""
+    agree for p = 1; for p > 1 the experiments model reads only the outputs of groups of p blocks, every k-th of
+    them, where DWAModules (and the paper's definition) reads every k-th block output: model_dwa.py follows the
+    second."""
     L = n_layer
     model = build(model_dwa, n_layer=L, dwa_dilation=k, dwa_period=p)
     sizes = [len(s) for s in model.dwa_sources]
     assert [row.numel() for row in model.dwa_alpha] == [n for n in sizes if n]
     assert n_params(model) - n_params(build(model_vanilla, n_layer=L)) == sum(sizes)
     assert model.dwa_sources == expected_sources(L, "dense", k, p)
-    if L % p == 0:  # the experiments model asserts it
-        assert [n for n in sizes if n] == experiments_rows(L, k, p)
-        assert model.dwa_sources == accumulator_sources(L, k, p, every_block=False)
-    else:
-        assert sizes[-1] == 0 and sizes == [len(s) for s in accumulator_sources(L, k, p, every_block=False)]
-    if p == 1:
-        assert sizes == dwamodules_rows(L, k, p)
-        assert model.dwa_sources == accumulator_sources(L, k, p, every_block=True)
-    else:  # the same rows, and in each a subset of DWAModules' sources
-        dwamodules = accumulator_sources(L, k, p, every_block=True)
-        assert [len(s) for s in dwamodules] == dwamodules_rows(L, k, p)
-        assert [bool(s) for s in model.dwa_sources] == [bool(s) for s in dwamodules]
-        assert all(set(ours) <= set(theirs) for ours, theirs in zip(model.dwa_sources, dwamodules))
+    assert sizes == dwamodules_rows(L, k, p)
+    assert model.dwa_sources == accumulator_sources(L, k, p, every_block=True)
+    if L % p == 0:  # the experiments model (it asserts that p divides L): the same rows, a subset of the sources
+        experiments = accumulator_sources(L, k, p, every_block=False)
+        assert [len(s) for s in experiments if s] == experiments_rows(L, k, p)
+        assert [bool(s) for s in model.dwa_sources] == [bool(s) for s in experiments]
+        assert all(set(theirs) <= set(ours) for ours, theirs in zip(model.dwa_sources, experiments))
+        assert (experiments == model.dwa_sources) == (p == 1)
 
 
 def test_the_reimplementations_of_denseformers_code_can_fail():
@@ -327,6 +323,13 @@ def test_dilation_and_period_thin_only_the_dense_map(dwa_map, rule):
     with pytest.raises(ValueError, match="--dwa_map " + dwa_map):
         model_dwa.GPTConfig(**SMALL, dwa_map=dwa_map, **rule)
     model_dwa.GPTConfig(**SMALL, **rule)  # dense takes them
+
+
+def test_a_period_past_the_depth_is_refused():
+    """A period longer than the stack leaves no DWA at all (a vanilla model whose stats() would have no alpha)."""
+    model_dwa.GPTConfig(**SMALL, dwa_period=6)  # one DWA, after the last block
+    with pytest.raises(ValueError, match="--dwa_period 7 leaves the 6 blocks without a DWA"):
+        model_dwa.GPTConfig(**SMALL, dwa_period=7)
 
 
 @pytest.mark.parametrize("bad", [dict(dwa_map="full"), dict(dwa_dilation=0), dict(dwa_period=0)])
