@@ -239,10 +239,8 @@ def main(argv=None):
     created = [p for p in out.parents if not p.exists()]  # the folders this run makes, deepest first
     out.parent.mkdir(parents=True, exist_ok=True)
     # held till the run ends: what it leaves beside out, if it is killed, a later run removes once it can take it
-    mine = held(leftover_lock(out, os.getpid()))
-    if mine is None:  # (a process of this id before this one left files, which another run is removing now)
-        raise ConfigError(f"another prepare.py run is removing what a stopped one left beside {out}; run this "
-                          "command again")
+    while (mine := held(leftover_lock(out, os.getpid()), timeout=-1)) is None:
+        pass  # (another run removed what an earlier process of this id left, and let go: again)
     # the new set is written into a sibling folder and takes the old one's place in one step, only once the whole
     # run has succeeded: a run that fails or is killed at any point leaves an earlier data set intact
     tmp = out.parent / f".{name}.tmp-{os.getpid()}"

@@ -13,6 +13,7 @@ forward pass too) before anything is written there, and log.jsonl is append-only
 of this file, read top to bottom; the checks and one-line errors are in plumbing/.
 """
 import dataclasses
+import importlib.util
 import math
 import os
 import signal
@@ -70,9 +71,10 @@ class TrainConfig:
     wandb_run_name: str = option("", "wandb run name; '' = wandb's own")
     # system
     seed: int = option(1337, "initialisation, dropout and the order of the training windows", min=0, max=2**32 - 1)
-    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
+    device: str = option("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
-    compile: bool = option(None, "torch.compile the model; not given: on CUDA (eager took 1.8x), off on CPU and MPS")
+    compile: bool = option(None, "torch.compile the model; not given: on CUDA where Triton is installed (eager took "
+                           "1.8x), off on CPU and MPS")
     peak_flops: float = option(0.0, "the device's peak FLOP/s for MFU; 0 = look the GPU up in a table", min=0)
 
     def __post_init__(self):  # the rules across fields; each field's own are checked first (plumbing/config.py)
@@ -181,6 +183,9 @@ def this_process(cfg):
     device = resolve_device(cfg.device)
     if device.type == "cuda" and world > 1:  # one GPU per process
         device = resolve_device(f"cuda:{local_rank}")
+    if cfg.compile and device.type == "cuda" and importlib.util.find_spec("triton") is None:  # (said before the run)
+        raise ConfigError("--compile on CUDA needs Triton, which this torch does not have (its Windows builds do not); "
+                          "pass --compile false")
     dtype = resolve_dtype(cfg.dtype, device)
     return Process(world, rank, accum // world, device, dtype, autocast(device, dtype))
 
@@ -188,8 +193,9 @@ def this_process(cfg):
 def wrap(raw_model, cfg, proc):
     """(the model to train: compiled where asked, under DDP; the model to evaluate: not under DDP, whose ranks may
     hold different numbers of validation windows)."""
-    model = torch.compile(raw_model) if (cfg.compile if cfg.compile is not None else proc.device.type == "cuda") \
-        else raw_model
+    triton = importlib.util.find_spec("triton") is not None  # inductor's GPU kernels (torch's Windows builds lack it)
+    compiled = cfg.compile if cfg.compile is not None else proc.device.type == "cuda" and triton
+    model = torch.compile(raw_model) if compiled else raw_model
     if proc.world == 1:
         return model, model
     ids = [proc.device.index] if proc.device.type == "cuda" else None
@@ -293,7 +299,7 @@ class Log:
 
     def write(self, record, show=False):
         if self.master:
-            with naming(self.path), open(self.path, "a") as f:
+            with naming(self.path), open(self.path, "a", encoding="utf-8") as f:
                 f.write(to_json(record) + "\n")
             self.console.record(record, line=show)
 
@@ -388,8 +394,9 @@ def restore(raw_model, optimizer, ckpt, cfg, proc):
 def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
     proc = this_process(cfg)
-    # the run folder, taken before the checks and held to the end: a second run in it, new or resumed, is refused
-    with run_folder(cfg.out_dir, take=proc.rank == 0):
+    # the run folder, taken (by rank 0, for every process) before the checks and held to the end: a second run in
+    # it, new or resumed, is refused
+    with run_folder(cfg.out_dir) if proc.rank == 0 else nullcontext():
         run(*prepare(cfg, model_args, module, explicit, proc))
     if proc.world > 1:
         torch.distributed.destroy_process_group()
@@ -416,10 +423,11 @@ def prepare(cfg, model_args, module, explicit, proc):
     T = model_args["block_size"]
     data = Data({s: open_split(cfg.data_dir, cfg.dataset, s, meta, model_args["vocab_size"], T)
                  for s in ("train", "val")})
-    if proc.world > 1:  # nccl on CUDA, gloo on CPU; the process group writes nothing
+    if proc.world > 1:  # nccl on CUDA where torch has it (its Windows builds do not), else gloo; it writes nothing
         if proc.device.type == "cuda":
             torch.cuda.set_device(proc.device)
-        torch.distributed.init_process_group("nccl" if proc.device.type == "cuda" else "gloo")
+        nccl = proc.device.type == "cuda" and torch.distributed.is_nccl_available()
+        torch.distributed.init_process_group("nccl" if nccl else "gloo")
     torch.manual_seed(cfg.seed + proc.rank)
     raw_model = build_model(module, model_args).to(proc.device)
     if cfg.init_from and ckpt is None:  # the pretrained weights of the components every model file shares with
@@ -435,9 +443,10 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
     T, saved_step = model_args["block_size"], iter_num if cfg.resume else None
     batches = data.train_batches(cfg, proc, T, iter_num)  # this process's batches, one per micro-step
     batch = next(batches)
-    raw_model.eval()  # one forward pass before anything is written, with no dropout drawn: a batch that does not
-    with torch.no_grad(), proc.ctx:  # fit, or a loss that is not finite from the start, fails here
-        first_loss = raw_model(*batch)[1].item()
+    model, eval_model = wrap(raw_model, cfg, proc)
+    raw_model.eval()  # one forward pass before anything is written, with no dropout drawn: a batch that does not fit,
+    with torch.no_grad(), proc.ctx:  # a compile that cannot work, or a loss not finite from the start, fails here
+        first_loss = eval_model(*batch)[1].item()
     raw_model.train()
     if not math.isfinite(first_loss):
         raise diverged("loss of the first batch", first_loss, iter_num, cfg, model_args, explicit, saved_step,
@@ -450,7 +459,6 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
              "--warmup_iters for a run that does")
     if proc.rank == 0 and set(os.listdir(cfg.out_dir)) - {LOCK}:  # an earlier run's files: its log up to the step
         settle_log(cfg.out_dir, saved_step)
-    model, eval_model = wrap(raw_model, cfg, proc)
     log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)
     stop, handlers = catch_stop_signals()
     try:

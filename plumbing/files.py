@@ -44,10 +44,10 @@ def regular_file(path, what, fix, output=False):
 
 @contextlib.contextmanager
 def written(path, mode="w"):
-    """A file whose content replaces path, whole or not at all: a temporary file beside it, renamed at the end; a write
-    that fails names path."""
+    """A file whose content (text: UTF-8) replaces path, whole or not at all: a temporary file beside it (x: made
+    anew, so what is in the way is neither opened nor removed), renamed at the end; a write that fails names path."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    f = open(tmp, mode.replace("w", "x"))  # x: made anew (O_EXCL); whatever is in the way is neither opened nor removed
+    f = open(tmp, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8")
     try:
         with naming(path), f:
             yield f
@@ -356,32 +356,26 @@ def note_changes(cfg, ckpt, lr_factor):
 
 
 def held(path, timeout=0):
-    """A filelock on path, or None where another process holds it, or held it till it ended: that one removes the
-    file before it lets go (let_go), so that a lock taken on the file it removed is none."""
+    """A filelock on path, or None where another process holds it."""
     lock = filelock.FileLock(path)
-    with contextlib.suppress(filelock.Timeout, FileNotFoundError):  # (not found: the other removed the folder too)
-        lock.acquire(timeout=timeout)
-        if os.path.exists(path):
+    with contextlib.suppress(filelock.Timeout):
+        if lock.acquire(timeout=timeout) and os.path.exists(path):  # (gone: its holder removed it as it let go)
             return lock
         lock.release()
 
 
-def let_go(lock):
+def let_go(lock):  # its file removed first: a process that then takes the lock on that file has none (held())
     with contextlib.suppress(OSError):  # (where the system keeps an open file, filelock removes it as it lets go)
         os.remove(lock.lock_file)
     lock.release()
 
 
 @contextlib.contextmanager
-def run_folder(out_dir, take=True):
-    """out_dir made and locked (held(): its file LOCK) till the run ends: a second run in it is refused however the
-    two are timed."""
-    if not take:  # a torchrun process but rank 0's, which takes it for all
-        return (yield)
+def run_folder(out_dir):
+    """out_dir made and locked (held) till the run ends: a second run in it is refused however the two are timed."""
     made = [p for p in [out_dir, *pathlib.Path(os.path.normpath(out_dir)).parents] if not os.path.exists(p)]
     os.makedirs(out_dir, exist_ok=True)  # an OSError here is the boundary's, naming --out_dir
-    lock = held(os.path.join(out_dir, LOCK))
-    if lock is None:
+    if (lock := held(os.path.join(out_dir, LOCK))) is None:
         raise ConfigError(f"another run is writing to {printable(out_dir)}; wait for it to end or choose another "
                           "--out_dir")
     try:

@@ -252,37 +252,46 @@ def test_every_ablation_on_a_tiny_run(tiny_data, tmp_path):
 
 
 # The first of two sweeps, run by this script: its first write of results.json (after it re-read the file) waits until
-# the other sweep, whose process id the test writes to PID, has ended or waits for the results folder's lock (a "->"
-# line of /proc/locks): without the lock, the other writes its run meanwhile, which this write would drop.
+# the other sweep has written WAITS: it found the results folder's lock held, or it ended. Without the lock, the other
+# writes its run meanwhile, which this write would drop.
 FIRST = """
 import os, sys, time
 from tools import sweep
-paused, pid_file = sys.argv[1:3]
+paused, waits = sys.argv[1:3]
 write = sweep.write_json
-
-def other_ended_or_waits():
-    if not os.path.exists(pid_file):
-        return False
-    pid = open(pid_file).read()
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True  # ended, and reaped
-    return state == "Z" or any(line.split()[1:2] == ["->"] and line.split()[5] == pid for line in open("/proc/locks"))
 
 def write_when_the_other_has(path, value):
     if not os.path.exists(paused):
         open(paused, "w").close()
-        while not other_ended_or_waits():
+        while not os.path.exists(waits):
             time.sleep(0.05)
     write(path, value)
 
 sweep.write_json = write_when_the_other_has
 sweep.main(sys.argv[3:])
 """
+# The second: it writes WAITS where it finds the lock held (then waits for it), and as it ends.
+SECOND = """
+import sys
+from tools import sweep
+waits = sys.argv[1]
+take = sweep.held
+
+def held_or_said(path, timeout=0):
+    lock = take(path)
+    if lock is None:
+        open(waits, "w").close()
+        lock = take(path, timeout)
+    return lock
+
+sweep.held = held_or_said
+try:
+    sweep.main(sys.argv[2:])
+finally:
+    open(waits, "w").close()
+"""
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="the test watches /proc/locks (Linux)")
 def test_two_sweeps_at_once_into_one_results_folder_keep_every_run(tiny_data, tmp_path):
     """Two sweeps at once into one --results folder, each training a seed of its own (two processes): the first
     holds its write of results.json until the second has written its run, or waits to; every run that either
@@ -294,16 +303,14 @@ def test_two_sweeps_at_once_into_one_results_folder_keep_every_run(tiny_data, tm
                 "--train_args=--eval_iters=1"]
     env = {**os.environ, "PYTHONPATH": ROOT}
     logs = [open(tmp_path / f"{name}.log", "w+") for name in ("first", "second")]
-    first = subprocess.Popen([sys.executable, "-c", FIRST, str(tmp_path / "paused"), str(tmp_path / "pid"),
+    first = subprocess.Popen([sys.executable, "-c", FIRST, str(tmp_path / "paused"), str(tmp_path / "waits"),
                               *sweep_argv(1337)], cwd=ROOT, env=env, stdout=logs[0], stderr=subprocess.STDOUT)
     start = time.time()
     while not (tmp_path / "paused").exists():  # the first has trained its run, read results.json, and waits
         assert first.poll() is None and time.time() - start < 300, open(tmp_path / "first.log").read()
         time.sleep(0.1)
-    second = subprocess.Popen([sys.executable, "-m", "tools.sweep", *sweep_argv(1338)], cwd=ROOT, env=env,
-                              stdout=logs[1], stderr=subprocess.STDOUT)
-    (tmp_path / "pid.tmp").write_text(str(second.pid))
-    os.rename(tmp_path / "pid.tmp", tmp_path / "pid")  # whole, for the first to read
+    second = subprocess.Popen([sys.executable, "-c", SECOND, str(tmp_path / "waits"), *sweep_argv(1338)], cwd=ROOT,
+                              env=env, stdout=logs[1], stderr=subprocess.STDOUT)
     codes = [second.wait(timeout=300), first.wait(timeout=300)]
     assert codes == [0, 0], [open(tmp_path / f"{name}.log").read() for name in ("second", "first")]
     runs = json.load(open(tmp_path / "results" / "results.json"))["runs"]

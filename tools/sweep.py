@@ -33,20 +33,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-try:
-    import fcntl
-except ImportError:  # Windows: no lock (one sweep into a results folder at a time)
-    fcntl = None
-
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.sweep`")
 
 from analysis.figures import import_pyplot, save_png
-from common import DTYPES, SIZES, autocast, model_from_checkpoint, paper
+from common import DTYPES, SIZES, autocast, model_from_checkpoint, paper, resolve_device
 from plumbing.config import check_record, load_model_module, model_names, option
 from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, printable
-from plumbing.files import (LogRecord, open_split, parse_json, read_checkpoint, read_meta, read_text, regular_file,
-                            write_json, written)
+from plumbing.files import (LogRecord, held, let_go, open_split, parse_json, read_checkpoint, read_meta, read_text,
+                            regular_file, write_json, written)
 from plumbing.options import explicit_options, parse_model_options, parse_simple, without
 from tools.bench import RUNS
 from tools.tables import chosen, each, hardware_name, number, read_results, shape_of, update_readme
@@ -168,7 +163,7 @@ class SweepConfig:
                              "run")
     dataset: str = option("shakespeare", "data set from prepare.py")
     data_dir: str = option("data", "folder of the prepared data sets", path=True)
-    device: str = option("auto", "auto (cuda where available), cpu, cuda")
+    device: str = option("auto", "auto (cuda, else mps, else cpu), cpu, cuda, mps")
     dtype: str = option("auto", "auto (bfloat16 on CUDA), float32, bfloat16", choices=DTYPES)
     eval_batch_size: int = option(16, "windows per forward of the final evaluation", min=1)
     results: str = option("results", "folder of the main table's results.json, RESULTS.md and curves.png; "
@@ -218,9 +213,9 @@ def device_and_dtype(args):
     """Unlike common.resolve_device, cuda is taken (and auto is bfloat16 there) on a machine without CUDA, so that it
     can --table_only a GPU sweep."""
     try:
-        device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device("auto") if args.device == "auto" else torch.device(args.device)
     except RuntimeError:
-        raise ConfigError(f"unknown --device {args.device!r}; use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"unknown --device {args.device!r}; use auto, cpu, cuda, cuda:N or mps")
     bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device.type == "cuda" and (
         not torch.cuda.is_available() or torch.cuda.is_bf16_supported()))
     return device, "bfloat16" if bf16 else "float32"
@@ -441,19 +436,16 @@ def saved_runs(json_path):
 
 @contextmanager
 def locked(folder):
-    """The results folder held by this sweep while it re-reads results.json, merges its own and writes it whole (flock
-    on the folder: nothing is created in it): of two sweeps writing into one folder at once, each keeps the other's
-    runs. The other waits for it here, for a moment."""
+    """The results folder held by this sweep while it re-reads results.json, merges its own and writes it whole
+    (held(): its file .lock, gone when the sweep lets go): of two sweeps writing into one folder at once, each keeps
+    the other's runs. The other waits for it here, for a moment."""
     os.makedirs(folder, exist_ok=True)
-    if fcntl is None:
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
+    while (lock := held(os.path.join(folder, ".lock"), timeout=-1)) is None:  # taken as the other let go: again
+        pass
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # the lock goes with it
+        let_go(lock)
 
 
 def save_run(sweep, record, header, argv):
