@@ -42,7 +42,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from common import hf_tokenizer, need
-from plumbing.errors import ConfigError, arg, handling, note
+from plumbing.errors import LIMIT, ConfigError, arg, handling, note
 from plumbing.files import read_json, regular_file, to_json
 from plumbing.config import build_model, model_names
 
@@ -305,7 +305,7 @@ def write_folder(to, config, tensors, files):
     parent, base = os.path.split(os.path.abspath(to))
     tmp = os.path.join(parent, f".{base}.tmp{os.getpid()}")
     try:
-        with handling(to, "free some space or raise the file-size limit (ulimit -f), or choose another --to"):
+        with handling(to, f"{LIMIT}, or choose another --to"):
             os.makedirs(tmp)
             for name, content in {"config.json": to_json(config, indent=2) + "\n", **files}.items():
                 with open(os.path.join(tmp, name), "wb") as f:

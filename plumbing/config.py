@@ -130,9 +130,9 @@ def check_model_args(module, model_args, source):
     block = 4 * (2 * (c.n_head + c.n_kv_head) * head_dim * c.n_embd + 3 * c.n_embd * c.ffn_hidden) + PER_BLOCK
     need = {"--vocab_size": 4 * c.vocab_size * c.n_embd * (2 - c.tie_embeddings), "--n_layer": c.n_layer * block,
             "--block_size": 4 * c.block_size * (head_dim + c.vocab_size)}  # one window's rotary tables and logits
-    have, name = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), max(need, key=need.get)  # Linux, macOS
-    if sum(need.values()) > have:
-        raise ConfigError(f"a model of {name} {getattr(c, name[2:])} needs at least {sum(need.values()) / 2**30:,.1f} "
-                          f"GiB ({need[name] / 2**30:,.1f} GiB for {name}), more than the {have / 2**30:.1f} GiB of "
-                          f"memory here; lower {name} (from {source})")
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else math.inf
+    if sum(need.values()) > have:  # (checked where the system reports its memory: Linux, macOS; Windows does not)
+        raise ConfigError(f"a model of {(name := max(need, key=need.get))} {getattr(c, name[2:])} needs at least "
+                          f"{sum(need.values()) / 2**30:,.1f} GiB ({need[name] / 2**30:,.1f} GiB for {name}), more "
+                          f"than the {have / 2**30:.1f} GiB of memory here; lower {name} (from {source})")
     return c

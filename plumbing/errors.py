@@ -71,8 +71,8 @@ def fail(message, every_rank=False):
 
 
 # what an OSError's errno calls for; the option whose path holds the file is named too
-FULL, LIMIT, FILES = "free some space", "raise the file-size limit (ulimit -f) or free some space", \
-    "raise the open-file limit (ulimit -n) or use fewer processes"
+FULL, LIMIT, FILES = "free some space", "raise the file-size limit (ulimit -f on Linux, macOS) or free some space", \
+    "raise the open-file limit (ulimit -n on Linux, macOS) or use fewer processes"
 FIXES = {errno.ENOSPC: FULL, errno.EDQUOT: FULL, errno.EFBIG: LIMIT, errno.EMFILE: FILES, errno.ENFILE: FILES,
          errno.EACCES: "check its permissions", errno.EPERM: "check its permissions",
          errno.EROFS: "choose a folder you can write", errno.ENAMETOOLONG: "choose a shorter name",
@@ -169,7 +169,7 @@ def error_line(e, memory_fix):
     cat does."""
     if isinstance(e, BrokenPipeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(128 + signal.SIGPIPE)
+        sys.exit(128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1)  # (Windows has no SIGPIPE)
     if isinstance(e, KeyboardInterrupt):
         return "interrupted; nothing was lost that had been saved"
     size = allocation_failure(e)

@@ -145,7 +145,7 @@ def run_logged(name, argv, logs):
     """(name, argv, exit code, seconds, log file) of a script run in its own process, its output in logs/<name>.log."""
     log = regular_file(os.path.join(logs, name.replace(" ", "_") + ".log"), "the log", "move it away", output=True)
     t0 = time.perf_counter()
-    with open(log, "w") as f:  # a regular file or none (regular_file): opening it waits for nothing
+    with open(log, "wb") as f:  # a regular file or none (regular_file): opening it waits for nothing
         code = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     return name, argv, code, time.perf_counter() - t0, log
 
@@ -155,7 +155,7 @@ def report(name, argv, code, seconds, log, output=False):  # with all its output
           f"# {name}: {'done' if code == 0 else f'failed (exit {code})'} in {seconds:.0f} s; its output: {log}",
           flush=True)
     if output or code:
-        text = open(log).read()
+        text = open(log, encoding="utf-8", errors="replace").read()  # (what the script printed, as it was)
         print(text if output else text[-3000:], end="", flush=True)
 
 
