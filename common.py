@@ -18,7 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
-from plumbing.errors import ConfigError, handling
+from plumbing.errors import ConfigError, handling, note
 from plumbing.files import checkpoint_path, read_checkpoint, read_json
 from plumbing.config import build_model, load_model_module, model_names
 
@@ -45,9 +45,16 @@ PEAK_FLOPS = [
 
 
 def resolve_device(name):
-    """The torch.device of a --device option (auto: CUDA where there is a GPU, else CPU), or ConfigError."""
+    """The torch.device of a --device option (auto: the first this machine has of cuda, mps and cpu, said in a note),
+    or ConfigError."""
+    # MPS from torch 2.7 on: before it, attention with fewer key/value heads than query heads (every model file's
+    # default) aborts the process on MPS where no gradient is taken, in every evaluation
+    mps = torch.backends.mps.is_available() and torch.__version__ >= "2.7"
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+        note(f"--device auto: {name}" + (" (MPS needs torch 2.7 or later)" if torch.backends.mps.is_available()
+                                          and not mps else ""))
+        return torch.device(name)
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -61,6 +68,9 @@ def resolve_device(name):
             raise ConfigError(f"--device {name}: there are {count} GPU(s) here, cuda:0 to cuda:{count - 1}")
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("--device mps: MPS is not available here; use --device cpu or auto")
+    elif device.type == "mps" and not mps:
+        raise ConfigError(f"--device mps needs torch 2.7 or later (its attention without gradients aborts on MPS in "
+                          f"torch {torch.__version__}); `pip install -U torch`, or use --device cpu")
     elif device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"--device {name} is not supported; use auto, cpu, cuda, cuda:N or mps")
     return device

@@ -32,7 +32,7 @@ class SampleConfig:
     top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this probability; 1 = off "
                           "(the Vertical Attention paper samples with 0.9)", min=0, max=1)
     seed: int = option(1337, "random seed of the sampling", min=0, max=2**32 - 1)
-    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
+    device: str = option("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
     use_cache: bool = option(True, "the key/value cache; false = recompute the whole context per token")
     compile: bool = option(False, "torch.compile the decode step (one graph per token: inductor; on CUDA a CUDA "

@@ -59,7 +59,7 @@ class BenchConfig:
     repeats: int = option(5, "timed repeats per model, each between two of vanilla's: the speed ratio is their "
                           "median", min=1)
     sample_tokens: int = option(32, "tokens generated per sampling measurement", min=1)
-    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N")
+    device: str = option("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
     compile: bool = option(False, "torch.compile the training step")
     warm_only: bool = option(False, "compile the step of each --runs model (training with --compile, the decode "
