@@ -83,7 +83,7 @@ class EvalConfig:
     plot_path: str = option("", "the logit lens figure (--curves, --wiring: their figure); '' = logit_lens.png "
                            "(curves.png, wiring.png) in the first out_dir", path=True, out="file")
     json: bool = option(False, "print the results as one JSON object per checkpoint, one per line")
-    device: str = option("auto", "auto (CUDA where there is a GPU, else CPU), cpu, cuda, cuda:N, mps")
+    device: str = option("auto", "auto (cuda, else mps, else cpu), cpu, cuda, cuda:N, mps")
     dtype: str = option("auto", "auto = bfloat16 autocast on a GPU that has it, else float32", choices=DTYPES)
 
 
@@ -117,9 +117,9 @@ def evaluate_split(model, data, block_size, batch_size, device, ctx, logit_lens=
         mask = y >= 0
         for i, out in enumerate(outputs + [logits]):
             slot = i if logit_lens else n_layers
-            logp = F.log_softmax(out.float(), dim=-1).gather(-1, y.clamp(min=0)[..., None])[..., 0]
-            nll[slot] += -logp[mask].double().sum().item()
-            prob[slot] += logp[mask].exp().double().sum().item()
+            logp = F.log_softmax(out.float(), dim=-1).gather(-1, y.clamp(min=0)[..., None])[..., 0][mask].cpu()
+            nll[slot] += -logp.double().sum().item()  # summed in float64 on the CPU: MPS has no float64
+            prob[slot] += logp.exp().double().sum().item()
         count += mask.sum().item()
     return nll / count, prob / count, count
 

@@ -226,8 +226,9 @@ class GPT(nn.Module):
         """Over idx: the mean row entropy of depth_map(idx) and the mean per-token entropy of alpha (nats); a layer
         whose tokens each pick one source sharply can still average to a flat row."""
         weights = self.mix_weights(idx)
-        token_entropy = torch.stack([torch.special.entr(a).sum(-1).mean() for a in weights]).mean()
-        return {"aila_map_entropy": torch.special.entr(self.depth_map(idx, weights)).sum(-1).mean().item(),
+        token_entropy = torch.stack([-torch.xlogy(a, a).sum(-1).mean() for a in weights]).mean()  # -sum p log p
+        rows = self.depth_map(idx, weights)
+        return {"aila_map_entropy": -torch.xlogy(rows, rows).sum(-1).mean().item(),
                 "aila_token_entropy": token_entropy.item()}
 
     def param_groups(self, weight_decay):

@@ -246,7 +246,8 @@ class GPT(nn.Module):
 
     def stats(self, idx):
         """Mean entropy (nats) of the rows of depth_map(idx), logged by train.py."""
-        return {"attnres_entropy": torch.special.entr(self.depth_map(idx)).sum(-1).mean().item()}
+        rows = self.depth_map(idx)
+        return {"attnres_entropy": -torch.xlogy(rows, rows).sum(-1).mean().item()}  # -sum p log p (0 log 0 = 0)
 
     def param_groups(self, weight_decay):
         """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""

@@ -196,7 +196,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def stats(self, idx=None):
         """Mean row entropy of the map (eq. 8, on alpha: see depth_map), logged by train.py; idx is not used."""
-        return {"va_entropy": torch.special.entr(self.depth_map()).sum(-1).mean().item()}
+        rows = self.depth_map()
+        return {"va_entropy": -torch.xlogy(rows, rows).sum(-1).mean().item()}  # -sum p log p (0 log 0 = 0)
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""

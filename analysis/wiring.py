@@ -45,7 +45,7 @@ def wiring(model, idx, seed):
     def perturb(out):
         e = torch.zeros_like(out, requires_grad=True)
         eps.append(e)
-        rms.append(out.detach().double().pow(2).mean().sqrt().item())
+        rms.append(out.detach().cpu().double().pow(2).mean().sqrt().item())  # float64 on the CPU: MPS has none
         return out.detach() + e
 
     def at_point(module, args, out):
@@ -61,11 +61,11 @@ def wiring(model, idx, seed):
             gen = torch.Generator().manual_seed(seed)
             gains = torch.zeros(len(read), len(eps))
             for r, out in enumerate(read):
-                probe = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out)
+                probe = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.dtype).to(out.device)
                 grads = torch.autograd.grad(out, eps, probe, retain_graph=True, allow_unused=True)
                 for c, g in enumerate(grads):
                     if g is not None:
-                        gains[r, c] = rms[c] * (g.double().norm() / probe.double().norm()).item()
+                        gains[r, c] = rms[c] * (g.cpu().double().norm() / probe.cpu().double().norm()).item()
     finally:
         for hook in hooks:
             hook.remove()
