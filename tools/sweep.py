@@ -54,7 +54,7 @@ from train import main as train_main  # train.py's entry point, called in-proces
 # The figures group the labels by their model file's PAPER (common.paper) and colour each file's labels in shades of
 # one colour map, taken in the order of the model files after vanilla (black), so that a file keeps its colour in
 # every figure and a new one gets its own.
-PALETTE = ("Blues", "Oranges", "Greens", "Reds", "Purples", "YlOrBr", "PuRd", "BuGn", "GnBu")  # then again
+PALETTE = ("Blues", "Oranges", "Greens", "Purples", "PuRd", "Reds", "YlOrBr", "BuGn", "GnBu")  # then again
 
 # How an ablation's figure reads its x-axis: x(config, stats) -> [(axis label, series, x value), ...] from the
 # run's resolved GPTConfig and its stats(); points of one axis label share a panel, of one series a line
@@ -625,7 +625,7 @@ def colours(labels, models, plt):
         group = [label for label in labels if models[label] == model]
         cmap = None if model == "vanilla" else PALETTE[others.index(model) % len(PALETTE)]
         for i, label in enumerate(group):
-            out[label] = "black" if cmap is None else plt.get_cmap(cmap)(0.9 - 0.45 * i / max(1, len(group) - 1))
+            out[label] = "black" if cmap is None else plt.get_cmap(cmap)(0.8 - 0.4 * i / max(1, len(group) - 1))
     return out
 
 
