@@ -139,7 +139,7 @@ def test_checkpoint_that_does_not_fit_its_model_file(run_dir, tmp_path, script):
     torch.save(ckpt, tmp_path / "ckpt.pt")
     one_line_error(script("sample.py", "--out_dir", tmp_path), "does not fit model_vanilla.py")
     one_line_error(script("eval.py", "--out_dir", tmp_path), "does not fit model_vanilla.py")
-    one_line_error(script("sample.py", "--out_dir", tmp_path / "nothing"), "no checkpoint")
+    one_line_error(script("sample.py", "--out_dir", tmp_path / "nothing"), "ckpt.pt does not exist", "train one with")
 
 
 def test_empty_prompt(run_dir, script):
