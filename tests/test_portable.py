@@ -197,9 +197,13 @@ def test_the_encoding_check_flags_a_text_file_without_one(snippet, flagged):
 
 # ---- the decisions made from what the platform reports ---------------------------------------------------------
 
-@pytest.mark.parametrize("cuda, mps, expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
-def test_device_auto_picks_cuda_then_mps_then_cpu_and_says_which(cuda, mps, expected, monkeypatch, capsys):
+@pytest.mark.parametrize("cuda, mps, version, expected", [
+    (True, True, "2.9.0", "cuda"), (False, True, "2.9.0", "mps"), (False, False, "2.9.0", "cpu"),
+    (False, True, "2.6.0", "cpu"),  # MPS before torch 2.7: attention without gradients aborts there
+])
+def test_device_auto_picks_cuda_then_mps_then_cpu_and_says_which(cuda, mps, version, expected, monkeypatch, capsys):
     import common
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion(version))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
