@@ -183,6 +183,29 @@ class GPT(nn.Module):
             return logits, loss, hidden  # hidden[l]: output of layer l (after the merge), read by the logit lens
         return logits, loss
 
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        pairs = c.n_layer * (c.n_layer + 1) // 2  # (layer, source) pairs
+        if c.aila_arch == 2:  # W_Q, W_K^T q, W_V, W_O per layer; scores and mixing per source and head
+            linear += 4 * c.n_layer * c.n_embd * c.aila_heads * c.aila_dk + 2 * pairs * c.aila_heads * c.n_embd
+        else:  # per-source projections; scores and mixing per candidate (sources + h~_j)
+            proj = c.n_embd * c.n_embd if c.aila_rank == 0 else 2 * c.aila_rank * c.n_embd
+            linear += pairs * proj + 2 * (pairs + c.n_layer) * c.n_embd
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
     @torch.no_grad()
     def mix_weights(self, idx):
         """alpha (B, T, H, candidates) of every layer's mix in a forward over idx (B, T), read off the mixes'
@@ -230,29 +253,6 @@ class GPT(nn.Module):
         rows = self.depth_map(idx, weights)
         return {"aila_map_entropy": -torch.xlogy(rows, rows).sum(-1).mean().item(),
                 "aila_token_entropy": token_entropy.item()}
-
-    def param_groups(self, weight_decay):
-        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
-        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
-        pairs = c.n_layer * (c.n_layer + 1) // 2  # (layer, source) pairs
-        if c.aila_arch == 2:  # W_Q, W_K^T q, W_V, W_O per layer; scores and mixing per source and head
-            linear += 4 * c.n_layer * c.n_embd * c.aila_heads * c.aila_dk + 2 * pairs * c.aila_heads * c.n_embd
-        else:  # per-source projections; scores and mixing per candidate (sources + h~_j)
-            proj = c.n_embd * c.n_embd if c.aila_rank == 0 else 2 * c.aila_rank * c.n_embd
-            linear += pairs * proj + 2 * (pairs + c.n_layer) * c.n_embd
-        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
-        return 3 * 2 * (linear + attention)
 
 
 # ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----

@@ -209,6 +209,24 @@ class GPT(nn.Module):
             done += not open_block
         return counts + [done]
 
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        mixing = 2 * c.n_embd * sum(self.sources_per_mix())  # a d-dot product (logit) and a d-weighted sum per source
+        return 3 * 2 * (linear + attention + mixing)
+
     @torch.no_grad()
     def depth_map(self, idx):
         """(2L + 1, sources) mean softmax weights over idx's tokens. Rows: the sublayers in order, then the output mix;
@@ -248,24 +266,6 @@ class GPT(nn.Module):
         """Mean entropy (nats) of the rows of depth_map(idx), logged by train.py."""
         rows = self.depth_map(idx)
         return {"attnres_entropy": -torch.xlogy(rows, rows).sum(-1).mean().item()}  # -sum p log p (0 log 0 = 0)
-
-    def param_groups(self, weight_decay):
-        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
-        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
-        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
-        mixing = 2 * c.n_embd * sum(self.sources_per_mix())  # a d-dot product (logit) and a d-weighted sum per source
-        return 3 * 2 * (linear + attention + mixing)
 
 
 class Block(nn.Module):

@@ -107,39 +107,6 @@ class GPT(nn.Module):
         self.dwa_alpha = nn.ParameterList([nn.Parameter(torch.tensor([[float(j == i) for j in src]]))
                                            for i, src in enumerate(self.dwa_sources, start=1) if src])
 
-    def depth_map(self, idx=None):
-        """alpha as an L x (L+1) map: row i (the DWA after block i) over the sources X_0..X_L, 0 where alpha_{i,j} is
-        not learned (a row without a DWA, the period, keeps X_i: 1). The same for every token: idx is not used."""
-        L = self.config.n_layer
-        m = torch.zeros(L, L + 1)
-        m[range(L), range(1, L + 1)] = 1.0
-        for row, src in zip(self.dwa_alpha, filter(None, self.dwa_sources)):
-            i = src[-1]  # every row's last source is the newest output, X_i
-            m[i - 1, i] = 0.0
-            m[i - 1, src] = row.detach().float().cpu()[0]
-        return m
-
-    def depth_map_layout(self):
-        """How eval.py --depth_map draws depth_map(): row i over X_0..X_L, its cells the sources it mixes (X_i alone
-        where no DWA follows block i); alpha is signed and starts at the identity."""
-        L = self.config.n_layer
-        valid = torch.zeros(L, L + 1, dtype=torch.bool)
-        for i, src in enumerate(self.dwa_sources, start=1):
-            valid[i - 1, src or [i]] = True
-        return dict(columns=["emb", *map(str, range(1, L + 1))], valid=valid, signed=True,
-                    xlabel="source: the embedding (X_0, emb), then block j's output (X_j)",
-                    cbar="alpha (signed, unnormalised)", start=torch.eye(L + 1)[1:],
-                    start_text="identity start (every row 1 on its own block's output, 0 elsewhere)")
-
-    @torch.no_grad()
-    def stats(self, idx=None):
-        """How far alpha moved from the identity, logged by train.py: the mean weight on the newest output (1 at the
-        start) and the mean |alpha| on the older ones (0 at the start); idx is not used."""
-        rows = [row[0].float() for row in self.dwa_alpha]
-        older = torch.cat([row[:-1] for row in rows])  # every row's last source is the newest output
-        return {"dwa_self": torch.stack([row[-1] for row in rows]).mean().item(),
-                "dwa_older": older.abs().mean().item() if older.numel() else 0.0}
-
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -184,6 +151,39 @@ class GPT(nn.Module):
         linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
         attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
         return 3 * 2 * (linear + attention)
+
+    def depth_map(self, idx=None):
+        """alpha as an L x (L+1) map: row i (the DWA after block i) over the sources X_0..X_L, 0 where alpha_{i,j} is
+        not learned (a row without a DWA, the period, keeps X_i: 1). The same for every token: idx is not used."""
+        L = self.config.n_layer
+        m = torch.zeros(L, L + 1)
+        m[range(L), range(1, L + 1)] = 1.0
+        for row, src in zip(self.dwa_alpha, filter(None, self.dwa_sources)):
+            i = src[-1]  # every row's last source is the newest output, X_i
+            m[i - 1, i] = 0.0
+            m[i - 1, src] = row.detach().float().cpu()[0]
+        return m
+
+    def depth_map_layout(self):
+        """How eval.py --depth_map draws depth_map(): row i over X_0..X_L, its cells the sources it mixes (X_i alone
+        where no DWA follows block i); alpha is signed and starts at the identity."""
+        L = self.config.n_layer
+        valid = torch.zeros(L, L + 1, dtype=torch.bool)
+        for i, src in enumerate(self.dwa_sources, start=1):
+            valid[i - 1, src or [i]] = True
+        return dict(columns=["emb", *map(str, range(1, L + 1))], valid=valid, signed=True,
+                    xlabel="source: the embedding (X_0, emb), then block j's output (X_j)",
+                    cbar="alpha (signed, unnormalised)", start=torch.eye(L + 1)[1:],
+                    start_text="identity start (every row 1 on its own block's output, 0 elsewhere)")
+
+    @torch.no_grad()
+    def stats(self, idx=None):
+        """How far alpha moved from the identity, logged by train.py: the mean weight on the newest output (1 at the
+        start) and the mean |alpha| on the older ones (0 at the start); idx is not used."""
+        rows = [row[0].float() for row in self.dwa_alpha]
+        older = torch.cat([row[:-1] for row in rows])  # every row's last source is the newest output
+        return {"dwa_self": torch.stack([row[-1] for row in rows]).mean().item(),
+                "dwa_older": older.abs().mean().item() if older.numel() else 0.0}
 
 
 # ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----

@@ -191,6 +191,15 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
 
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
     def depth_map(self, idx=None):
         """(L, L) fixed connectivity: entry [l, j] is the fraction of layer l's query heads reading layer j's K,V
         (the same for every input: idx is not used)."""
@@ -202,15 +211,6 @@ class GPT(nn.Module):
         L = self.config.n_layer
         return dict(columns=[str(j) for j in range(1, L + 1)], valid=torch.ones(L, L, dtype=torch.bool).tril(),
                     xlabel="the block whose keys and values the heads read", cbar="fraction of the query heads")
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
-        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
-        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
-        return 3 * 2 * (linear + attention)
 
 
 class Block(nn.Module):

@@ -205,6 +205,41 @@ class GPT(nn.Module):
             dev = stat.to(coef) - target
             coef.add_(c.gate_gamma * (dev.abs() > c.gate_delta) * dev)
 
+    def estimated_flops(self, zero, seq_len=None, head_size=None):
+        """Forward FLOPs per token (sparse, dense) if a token cost nothing where its gate is 0 (Fig. 2), zero (L,):
+        block matmuls x the fraction not skipped, plus head and gates; attention at seq_len and head_size (or hd)."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
+        block += c.n_head * (head_size or hd) * ((seq_len or c.block_size) + 1)  # q.k and p.v over the causal half
+        head = c.n_embd * c.vocab_size  # the embedding is a lookup, not a matmul
+        sparse = head + len(self.gates) * c.n_embd + block * (1 - zero).sum().item()
+        return 2 * sparse, 2 * (head + block * c.n_layer)
+
+    def param_groups(self, weight_decay):
+        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases, and never on the
+        gates: they have a group of their own with weight decay 0 whatever weight_decay is (as in the reference)."""
+        gates = [p for p in self.gates.parameters() if p.requires_grad]
+        params = [p for p in self.parameters() if p.requires_grad and all(p is not g for g in gates)]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        if gates:
+            groups.append({"params": gates, "weight_decay": 0.0})
+        return groups
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does: every block
+        for every token (training skips nothing), attention at the head size the gate coordinate pads."""
+        hd = self.config.head_dim or self.config.n_embd // self.config.n_head
+        hp = hd + 8 - hd % 8 if self.config.gated else hd
+        return 3 * self.estimated_flops(torch.zeros(self.config.n_layer), seq_len, head_size=hp)[0]
+
+    def inference(self, skip=True):
+        """generate.py's hook: skip (default) prefills with forward_skip() into a SkipCache, whose steps skip too."""
+        return (functools.partial(forward_skip, self), SkipCache) if skip and self.config.gated else (self, KVCache)
+
     @torch.no_grad()
     def measured_gates(self, idx):
         """(mean, var, zero fraction), each (L,), of every block's gates over the tokens of idx (B, T), pooled over
@@ -245,41 +280,6 @@ class GPT(nn.Module):
     def depth_map_layout(self):
         """How eval.py --depth_map draws depth_map(): one column, the mean gate."""
         return dict(columns=["mean gate"], xlabel="", cbar="mean gate (1: the block runs, 0: skipped)")
-
-    def estimated_flops(self, zero, seq_len=None, head_size=None):
-        """Forward FLOPs per token (sparse, dense) if a token cost nothing where its gate is 0 (Fig. 2), zero (L,):
-        block matmuls x the fraction not skipped, plus head and gates; attention at seq_len and head_size (or hd)."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        block = c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden
-        block += c.n_head * (head_size or hd) * ((seq_len or c.block_size) + 1)  # q.k and p.v over the causal half
-        head = c.n_embd * c.vocab_size  # the embedding is a lookup, not a matmul
-        sparse = head + len(self.gates) * c.n_embd + block * (1 - zero).sum().item()
-        return 2 * sparse, 2 * (head + block * c.n_layer)
-
-    def param_groups(self, weight_decay):
-        """AdamW groups: weight decay on matrices and embeddings only, never on norms or biases, and never on the
-        gates: they have a group of their own with weight decay 0 whatever weight_decay is (as in the reference)."""
-        gates = [p for p in self.gates.parameters() if p.requires_grad]
-        params = [p for p in self.parameters() if p.requires_grad and all(p is not g for g in gates)]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        if gates:
-            groups.append({"params": gates, "weight_decay": 0.0})
-        return groups
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does: every block
-        for every token (training skips nothing), attention at the head size the gate coordinate pads."""
-        hd = self.config.head_dim or self.config.n_embd // self.config.n_head
-        hp = hd + 8 - hd % 8 if self.config.gated else hd
-        return 3 * self.estimated_flops(torch.zeros(self.config.n_layer), seq_len, head_size=hp)[0]
-
-    def inference(self, skip=True):
-        """generate.py's hook: skip (default) prefills with forward_skip() into a SkipCache, whose steps skip too."""
-        return (functools.partial(forward_skip, self), SkipCache) if skip and self.config.gated else (self, KVCache)
 
 
 class Block(nn.Module):

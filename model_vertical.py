@@ -172,6 +172,15 @@ class GPT(nn.Module):
                            "weight_decay": self.config.va_weight_decay})
         return groups
 
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
+        c = self.config
+        hd = c.head_dim or c.n_embd // c.n_head
+        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
+        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
+        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
+        return 3 * 2 * (linear + attention)
+
     def depth_map(self, idx=None):
         """The L x L map alpha (eq. 2): row l holds softmax(s_l) over sources 1..l, zeros above the diagonal (and a
         fixed map as it is). This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's
@@ -198,15 +207,6 @@ class GPT(nn.Module):
         """Mean row entropy of the map (eq. 8, on alpha: see depth_map), logged by train.py; idx is not used."""
         rows = self.depth_map()
         return {"va_entropy": -torch.xlogy(rows, rows).sum(-1).mean().item()}  # -sum p log p (0 log 0 = 0)
-
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward = 3x forward) from the matmuls this model does."""
-        c = self.config
-        hd = c.head_dim or c.n_embd // c.n_head
-        linear = c.n_layer * (c.n_embd * hd * (2 * c.n_head + 2 * c.n_kv_head) + 3 * c.n_embd * c.ffn_hidden)
-        linear += c.n_embd * c.vocab_size  # the head; the embedding is a lookup, not a matmul
-        attention = c.n_layer * 2 * c.n_head * hd * (seq_len + 1) / 2  # q.k and p.v over the causal half
-        return 3 * 2 * (linear + attention)
 
 
 # ---- model_vanilla.py's components below, unchanged in every model file (tests/test_identical.py) ----
