@@ -171,7 +171,7 @@ class GPT(nn.Module):
         sources, hidden = [], []
         for j, (block, mix) in enumerate(zip(self.blocks, self.mix)):
             sources.append(x)  # h_0 .. h_j
-            h = block(x, cos, sin, cache, input_pos)  # h~_j
+            h = block(x, cos, sin, cache, input_pos)  # h~_{j+1}: index j is layer j+1
             a, _ = mix(h, sources)  # (B, T, d); the weights alpha are for depth_map() and stats()
             x = h + a if self.config.aila_merge == "residual" else self.merge_norm[j](F.relu(h + a))
             hidden.append(x)
@@ -180,7 +180,7 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         if return_hidden:
-            return logits, loss, hidden  # hidden[l]: output of layer l (after the merge), read by the logit lens
+            return logits, loss, hidden  # hidden[l]: output of layer l+1 (after the merge), read by the logit lens
         return logits, loss
 
     def param_groups(self, weight_decay):

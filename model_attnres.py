@@ -69,7 +69,7 @@ class GPTConfig:
 
 
 def block_ends(config):
-    """Indices of the sublayers that complete a depth block (sublayer 2i is layer i's attn, 2i + 1 its mlp)."""
+    """Indices of the sublayers that complete a depth block (index 2i is layer i+1's attn, 2i + 1 its mlp)."""
     n_sub = 2 * config.n_layer
     if config.attn_res == "full":
         return set(range(n_sub))  # one sublayer per block: every output is a source
@@ -193,7 +193,7 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         if return_hidden:
-            return logits, loss, hidden  # hidden[l]: the output mix after block l, read by the logit lens
+            return logits, loss, hidden  # hidden[l]: the output mix after block l+1, read by the logit lens
         return logits, loss
 
     def mixes(self):

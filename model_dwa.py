@@ -132,7 +132,7 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         if return_hidden:
-            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+            return logits, loss, hidden  # hidden[l]: output of block l+1, read by the logit lens
         return logits, loss
 
     def param_groups(self, weight_decay):

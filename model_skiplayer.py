@@ -77,7 +77,7 @@ class GPTConfig:
         return n_l, n_h
 
     def head_sources(self):
-        """sources[l][h]: the layer (0-indexed) whose keys and values query head h of layer l attends to."""
+        """sources[l][h]: the index j (layer j+1) whose keys and values query head h of layer l+1 attends to."""
         L, H, K = self.n_layer, self.n_head, self.ala_every
         sources = [[l] * H for l in range(L)]
         if K > 0:  # ALA(-): head i of the last layer reads layer L - K*i (1-indexed); below layer 1 its own
@@ -104,7 +104,7 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else nn.Identity()
         # which (layer, kv head) fills each head of the K,V this layer attends with
-        sources = config.head_sources()[layer_idx]  # layer read by each query head
+        sources = config.head_sources()[layer_idx]  # the index of the layer each query head reads
         g = self.n_head // self.n_kv_head
         if all(sources[h] == sources[h - h % g] for h in range(self.n_head)):  # each GQA group reads one layer
             self.kv_plan = tuple((sources[j * g], j) for j in range(self.n_kv_head))  # stay at H_kv heads
@@ -113,7 +113,8 @@ class CausalSelfAttention(nn.Module):
         self.reads_other_layers = any(src != layer_idx for src in sources)
 
     def forward(self, x, cos, sin, cache=None, input_pos=None, layer_kv=None):
-        """layer_kv: the (k, v) of layers 0..layer_idx-1, post-RoPE; this layer appends its own."""
+        """layer_kv: the post-RoPE (k, v) of the layers before this one, layer_kv[j] layer j+1's; this layer appends
+        its own."""
         B, T, C = x.shape
         qkv = self.wqkv(x).view(B, T, -1, self.head_dim).transpose(1, 2)          # (B, H + 2 H_kv, T, hd)
         qk, v = qkv.split((self.n_head + self.n_kv_head, self.n_kv_head), 1)  # (B, H + H_kv, T, hd), (B, H_kv, T, hd)
@@ -171,7 +172,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d)
-        hidden, layer_kv = [], []  # layer_kv[l]: (k, v) of layer l, read by later layers' skip heads
+        hidden, layer_kv = [], []  # layer_kv[l]: (k, v) of layer l+1, read by later layers' skip heads
         for block in self.blocks:
             x = block(x, cos, sin, cache, input_pos, layer_kv)
             hidden.append(x)
@@ -180,7 +181,7 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         if return_hidden:
-            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+            return logits, loss, hidden  # hidden[l]: output of block l+1, read by the logit lens
         return logits, loss
 
     def param_groups(self, weight_decay):
@@ -201,7 +202,7 @@ class GPT(nn.Module):
         return 3 * 2 * (linear + attention)
 
     def depth_map(self, idx=None):
-        """(L, L) fixed connectivity: entry [l, j] is the fraction of layer l's query heads reading layer j's K,V
+        """(L, L) fixed connectivity: entry [l, j] is the fraction of layer l+1's query heads reading layer j+1's K,V
         (the same for every input: idx is not used)."""
         sources = torch.tensor(self.config.head_sources())  # (L, H)
         return F.one_hot(sources, self.config.n_layer).float().mean(1)  # (L, L), rows sum to 1

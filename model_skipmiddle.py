@@ -3,15 +3,15 @@ Skip-middle: learned middle-out layer skipping with gated attention.
 
 Paper: "Learning to Skip the Middle Layers of Transformers", by Tim Lawson and Laurence Aitchison (University of
 Bristol, 2025); their code: github.com/tim-lawson/skip-middle. model_vanilla.py with these changes (blocks
-l = 0..L-1, h the residual stream entering block l, g_j the gate of token j):
+l = 1..L, h the residual stream entering block l, g_j the gate of token j):
     embedding:  x = RMSNorm(Embed(idx))                                        (the paper's input norm)
-    gates:      s_l = ReLU(w_l . h + b_l),  S_l = s_0 + ... + s_l,  g_l = 1 - clamp(S_l, 0, 1)      (eqs. 1-2)
-                block l >= L/2 uses the gate of block L-1-l: a token skips a symmetric span of middle blocks
+    gates:      s_l = ReLU(w_l . h + b_l),  S_l = s_1 + ... + s_l,  g_l = 1 - clamp(S_l, 0, 1)      (eqs. 1-2)
+                block l > L/2 uses the gate of block L+1-l: a token skips a symmetric span of middle blocks
     block:      x = x + g * Norm(Attn(Norm(x), g));  x = x + g * Norm(MLP(Norm(x)))   (sandwich / peri-LN)
     attention:  logit(i, j) += ln(max(g_j, 1e-6)) for every KEY j                                   (eq. 3)
     loss:       CE + mean_l (alpha_l * mean(g_l) + beta_l * var(g_l)), moments over the batch's tokens (eq. 5)
     controller: after every optimiser step, c += gamma * 1[|stat - target| > delta] * (stat - target)  (eq. 6)
-                for alpha (stat = mean gate) and beta (stat = gate variance), targets mu*_l from 1 at block 0
+                for alpha (stat = mean gate) and beta (stat = gate variance), targets mu*_l from 1 at block 1
                 linearly to gate_target at the middle block, mirrored, and var*_l = mu*_l (1 - mu*_l).
 With zero gate parameters every gate is exactly 1 and the model is the dense sandwich model (gated=False).
 Training runs every block for every token; generation skips for real (the last part of this file).
@@ -58,7 +58,7 @@ class GPTConfig:
     gated: bool = option(True, "False: the dense sandwich model, no gate parameters and plain causal attention")
     gate_init_std: float = option(0.02, "gate weights ~ N(0, std), biases 0; 0 starts exactly dense (every g == 1)",
                                   min=0)
-    gate_target: float = option(0.5, "target mean gate of the middle block (1 at block 0, linear in between)",
+    gate_target: float = option(0.5, "target mean gate of the middle block (1 at block 1, linear in between)",
                                 min=0, max=1)
     gate_gamma: float = option(1e-3, "controller step size gamma", min=0)
     gate_delta: float = option(1e-2, "controller tolerance delta: deviations within it leave a coefficient alone",
@@ -106,9 +106,9 @@ class GPT(nn.Module):
         self.emb_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config, i) for i in range(L)])
-        # one gate (w_l, b_l) per block l < L/2: s_l = ReLU(w_l . h + b_l) of the stream entering block l
+        # one gate (w_l, b_l) per block l <= (L+1)/2, gates[l-1]: s_l = ReLU(w_l . h + b_l) of the stream entering it
         self.gates = nn.ModuleList([nn.Linear(config.n_embd, 1) for _ in range((L + 1) // 2 if config.gated else 0)])
-        self.mirror = [min(l, L - 1 - l) for l in range(L)]  # block l uses the gate of block mirror[l]
+        self.mirror = [min(l, L - 1 - l) for l in range(L)]  # block l+1 uses gates[mirror[l]], block mirror[l]+1's
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -161,13 +161,13 @@ class GPT(nn.Module):
             if targets is not None:
                 loss = loss + self.gate_loss(G)
         if return_hidden:
-            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+            return logits, loss, hidden  # hidden[l]: output of block l+1, read by the logit lens
         return logits, loss
 
     def gate(self, l, x, gates, S):
-        """(g, S): the gate g (B, T) of block l for the stream x (B, T, d) entering it, and the soft mask S after
-        it (None, S in the dense model). A block of the first half computes its own (eqs. 1-2) and appends it to
-        gates; a block of the second half uses its mirror's, gates[L-1-l]."""
+        """(g, S): the gate g (B, T) of block l+1 (l its index) for the stream x (B, T, d) entering it, and the soft
+        mask S after it (None, S in the dense model). A block of the first half computes its own (eqs. 1-2) and
+        appends it to gates; a block of the second half uses its mirror's, gates[L-1-l] (block L-l's)."""
         if l < len(self.gates):
             s = self.gates[l](x).squeeze(-1)  # (B, T): w_l . h + b_l, bf16 under autocast
             S = S + F.relu(s.to(torch.promote_types(s.dtype, torch.float32)))  # s_l, in float32 at least; S_l = S + s_l
@@ -258,8 +258,8 @@ class GPT(nn.Module):
         return self._summary(sums)
 
     def stats(self, idx):
-        """Per gated block l: the mean gate and the fraction of zero gates over idx's tokens, alpha, beta; and
-        est_flops_ratio (docs/skipmiddle.md). Collective under DDP (measured_gates)."""
+        """Per gated block, as gate{l}_* for block l+1: the mean gate and the fraction of zero gates over idx's
+        tokens, alpha, beta; and est_flops_ratio (docs/skipmiddle.md). Collective under DDP (measured_gates)."""
         if not self.config.gated:
             return {}
         mean, _, zero = self.measured_gates(idx)
@@ -504,14 +504,15 @@ def forward_skip(model, idx, cache=None, input_pos=None):
 @torch.no_grad()
 def decode_step_skip(model, idx, cache, input_pos):
     """A decode step with a SkipCache that skips for real, logits (B, 1, vocab). Gates only close with depth, so a
-    step runs blocks 0..k-1 and their mirrors, k the first gate that is 0 in every row (batch > 1 skips what every
-    row skips). It runs in parts whose shapes are fixed for a given k, chosen on the host: skip_first runs the first
-    k blocks, k the last step's (cache.closed: tokens in a row tend to close alike), and finds where every row's
-    gate closed; that number is read on the host, the step's one synchronisation; then skip_last runs the last k
-    blocks (every row closed by block k: the middle is skipped) or skip_rest every block after the first k (some
-    row is still open at block k). A block that runs with every row's gate at 0 is a no-op: the rows keep their
-    stream and write a gate of 0, which hides their key, as skipping it does. cache.part(fn, k) gives each part at
-    k: itself, or compiled into one graph per part and k (generate.compile_decode_step)."""
+    step runs blocks 1..k and their mirrors, k the index of the first gate that is 0 in every row, block k+1's
+    (batch > 1 skips what every row skips). It runs in parts whose shapes are fixed for a given k, chosen on the
+    host: skip_first runs the first k blocks, k the last step's (cache.closed: tokens in a row tend to close alike),
+    and finds where every row's gate closed; that number is read on the host, the step's one synchronisation; then
+    skip_last runs the last k blocks (every row closed by block k+1: the middle is skipped) or skip_rest every block
+    after the first k (some row is still open at block k+1). A block that runs with every row's gate at 0 is a
+    no-op: the rows keep their stream and write a gate of 0, which hides their key, as skipping it does.
+    cache.part(fn, k) gives each part at k: itself, or compiled into one graph per part and k
+    (generate.compile_decode_step)."""
     k = cache.closed
     x, S, gates, closed = cache.part(skip_first, k)(model, idx, cache, input_pos)
     if int(closed) <= k:  # int(): the host reads where every row's gate closed
@@ -523,8 +524,8 @@ def decode_step_skip(model, idx, cache, input_pos):
 
 
 def skip_first(model, idx, cache, input_pos, k):
-    """The embedding, blocks 0..k-1 with their gates, and the gate of block k: (x, S, gates, closed), closed the
-    first l whose gate is 0 in every row, or the number of gates computed if none is."""
+    """The embedding, blocks 1..k with their gates, and the gate of block k+1: (x, S, gates, closed), closed the
+    index l of the first gate that is 0 in every row (block l+1's), or the number of gates computed if none is."""
     cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]  # (1, hd)
     x = model.emb_norm(model.tok_emb(idx))  # (B, 1, d)
     gates, S = [], 0.0
@@ -537,8 +538,8 @@ def skip_first(model, idx, cache, input_pos, k):
 
 
 def skip_last(model, x, gates, cache, input_pos, k):
-    """Every row's gate closed by block k: the last k blocks with their mirrors' gates (from block k on where L is
-    odd and k = (L + 1) / 2: the middle block is its own mirror), and the head."""
+    """Every row's gate closed by block k+1: the last k blocks with their mirrors' gates (from block k+1 on where L
+    is odd and k = (L + 1) / 2: the middle block, block k, is its own mirror), and the head."""
     cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]
     L = len(model.blocks)
     for l in range(max(k, L - k), L):
@@ -547,8 +548,8 @@ def skip_last(model, x, gates, cache, input_pos, k):
 
 
 def skip_rest(model, x, S, gates, cache, input_pos, k):
-    """Some row's gate is open at block k: blocks k..L-1 with their gates (block k's from skip_first), and the head;
-    (logits, closed), closed as skip_first finds it, over every gate."""
+    """Some row's gate is open at block k+1: blocks k+1..L with their gates (block k+1's from skip_first), and the
+    head; (logits, closed), closed as skip_first finds it, over every gate."""
     cos, sin = model.rope_cos[input_pos], model.rope_sin[input_pos]
     gates = list(gates)  # skip_first's, which this part extends (its own list: the caller's stays as it was)
     for l in range(k, len(model.blocks)):
@@ -564,7 +565,8 @@ def run_block(block, x, g, cos, sin, cache, input_pos):
 
 
 def first_closed(gates):
-    """The first l whose gate gates[l] (B, 1) is 0 in every row, else len(gates): a 0-dim tensor."""
+    """The first index l whose gate gates[l] (B, 1), block l+1's, is 0 in every row, else len(gates): a 0-dim
+    tensor."""
     still_open = torch.stack([(g > 0).any() for g in gates])  # (len(gates),)
     return still_open.long().cumprod(0).sum()
 

@@ -89,10 +89,11 @@ def vertical_mix(sources, inv_norms, alpha):
 
 def fixed_map(kind, n_layer):
     """The paper's hand-crafted L x L maps (our reading of the missing Figure 2); rows sum to 1.
-    inet: layer l reads sources 1, 2 and l equally. unet: layer l reads source l and its mirror L+2-l when that is
-    an earlier source (the second half of the stack, as in a U-Net). Fewer distinct sources: the row renormalises."""
+    inet: layer l reads h^1, h^2 and h^l equally. unet: layer l reads h^l and its mirror h^(L+2-l) (block L+1-l's
+    output) when that is an earlier source (the second half of the stack, as in a U-Net). Fewer distinct sources:
+    the row renormalises."""
     m = torch.zeros(n_layer, n_layer)
-    for l in range(1, n_layer + 1):  # 1-indexed layer l reads sources 1..l
+    for l in range(1, n_layer + 1):  # 1-indexed layer l reads h^1..h^l
         for i in ({1, 2, l} if kind == "inet" else {l, n_layer + 2 - l}):
             if i <= l:
                 m[l - 1, i - 1] = 1.0
@@ -144,7 +145,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         cos, sin = rope_at(self.rope_cos, self.rope_sin, T, input_pos)
         x = self.drop(self.tok_emb(idx))  # (B, T, d): h^1
-        alpha = self.depth_map().unbind(0)  # L rows (L,): row l holds alpha of sources 1..l+1
+        alpha = self.depth_map().unbind(0)  # L rows (L,): row l, block l+1's, holds alpha of h^1..h^(l+1)
         sources, inv_norms, hidden = [], [], []
         for l, block in enumerate(self.blocks):
             sources.append(x)  # h^(l+1): the embedding, then each block's output
@@ -156,7 +157,7 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         if return_hidden:
-            return logits, loss, hidden  # hidden[l]: output of block l, read by the logit lens
+            return logits, loss, hidden  # hidden[l]: output of block l+1, read by the logit lens
         return logits, loss
 
     def param_groups(self, weight_decay):
@@ -182,7 +183,7 @@ class GPT(nn.Module):
         return 3 * 2 * (linear + attention)
 
     def depth_map(self, idx=None):
-        """The L x L map alpha (eq. 2): row l holds softmax(s_l) over sources 1..l, zeros above the diagonal (and a
+        """The L x L map alpha (eq. 2): layer l's row holds softmax(s_l) over h^1..h^l, zeros above the diagonal (and a
         fixed map as it is). This is alpha, not the per-token alpha~ of eq. 3 (which also depends on each token's
         source norms), so it needs no batch: idx, which the models whose map depends on the input read, is not used."""
         if self.va_scores is None:
