@@ -35,6 +35,17 @@ def model_cases():
 SUB = "subprocess"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def a_folder_of_its_own(tmp_path_factory):
+    """The suite runs from an empty folder of its own, never from the repository, where a learner keeps their runs
+    (out/), data (data/) and results: what a script reads or writes by default (out/, data/, the runs a hint lists)
+    is then the suite's own, and a test that needs a working folder makes it under tmp_path."""
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("work"))
+    yield
+    os.chdir(here)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run many small ops: one thread is much faster than two contending for shared cores (a test
@@ -48,13 +59,13 @@ def one_thread():
 
 def run_script(script, args, capsys, mode="", cwd=None):
     """(exit code, stdout, stderr) of `python script args` (train.py), or of `python -m tools.bench args` for a script
-    in a folder (tools/bench.py), from cwd (default: the repository): its real __main__ block run here, or with mode
+    in a folder (tools/bench.py), from cwd (default: the suite's own folder): its real __main__ block run here, or with mode
     SUB in a subprocess."""
     module = script[:-3].replace("/", ".") if "/" in script else None
     if mode == SUB:
         args = [a if isinstance(a, bytes) else str(a) for a in args]
         command = ["-m", module] if module else [os.path.join(ROOT, script)]
-        proc = subprocess.run([sys.executable, *command, *args], cwd=cwd or ROOT, capture_output=True, timeout=300,
+        proc = subprocess.run([sys.executable, *command, *args], cwd=cwd, capture_output=True, timeout=300,
                               env={**os.environ, "PYTHONPATH": ROOT})
         return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
     capsys.readouterr()
@@ -117,8 +128,8 @@ def run_printed(command, cwd, capsys, mode=""):
 def data_dir(tmp_path_factory):
     """The real offline data set, made by prepare.py once per test session."""
     out = tmp_path_factory.mktemp("data")
-    subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--out_dir", str(out)],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--out_dir", str(out)], check=True,
+                   capture_output=True)
     return str(out)
 
 

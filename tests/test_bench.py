@@ -334,7 +334,7 @@ def test_gpu_tables_counts_a_label_a_process_and_merges_them_into_one_run_s_file
     from tools import kernels
     path = tmp_path / "kernels.json"
     argv = ["-m", "tools.kernels", *TINY, "--runs", "vanilla,vertical", "--json", str(path)]
-    subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run([sys.executable, *argv], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
     one_run = path.read_bytes()
     path.unlink()
     assert gpu_tables.first_phase({"kernels": argv}, gpu_tables.parse_args(["--runs", "vertical", "--jobs", "2"]),
@@ -367,8 +367,8 @@ def test_bench_warm_only_fills_the_cache_that_the_same_command_compiles_from(tmp
               "'--block_size', '16', '--batch_size', '1', '--vocab_size', '64', '--warmup', '1'])\n"
               "print('hits', counters['inductor']['fxgraph_cache_hit'], 'misses', "
               "counters['inductor']['fxgraph_cache_miss'])\n")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
-    runs = [subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": ROOT}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
             for _ in range(2)]
     (_, hits1, _, misses1), (_, hits2, _, misses2) = (r.stdout.split()[-4:] for r in runs)
     assert int(misses1) > 0 and int(hits1) == 0, runs[0].stdout + runs[0].stderr

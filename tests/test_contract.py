@@ -160,7 +160,7 @@ def test_ddp_two_processes_equals_accumulation(name, data_dir, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "train.py"), *train_args(name, data_dir, two, **opts)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = losses(one), losses(two)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]

@@ -303,7 +303,7 @@ def test_hf_tokenizer_from_prepare_to_sample_and_export(tmp_path, capsys):
     data = tmp_path / "data"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(text), "--tokenizer",
                            f"hf:{folder}", "--out_dir", str(data), "--num_proc=1", "--val_fraction=0.1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     meta = json.load(open(data / "some" / "meta.json"))
     eot = tok.token_to_id("<|endoftext|>")

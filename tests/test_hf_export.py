@@ -403,7 +403,7 @@ def test_a_write_that_fails_is_one_line_and_leaves_no_folder(name, data_dir, tmp
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     to = tmp_path / "out" / "hf"
-    proc = subprocess.run([sys.executable, "-m", "hf.export", "--out_dir", str(run), "--to", str(to)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "hf.export", "--out_dir", str(run), "--to", str(to)],
                           capture_output=True, text=True, timeout=300, preexec_fn=limited,
                           env={**os.environ, "PYTHONPATH": ROOT, "PYTHONDONTWRITEBYTECODE": "1"})
     assert_one_error_line(proc.returncode, proc.stderr, f"cannot use {to}")

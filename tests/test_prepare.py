@@ -16,7 +16,7 @@ from plumbing.errors import ConfigError
 
 
 def run(*args, env=None):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), *map(str, args)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), *map(str, args)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
     return proc.returncode, proc.stdout, proc.stderr
 

@@ -131,7 +131,7 @@ def test_the_run_folder_is_taken_before_the_checks_and_a_refused_new_run_leaves_
 
 def start(data, out, *args):
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir",
-                             str(out), *TINY, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             str(out), *TINY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -218,7 +218,7 @@ def test_two_runs_in_one_folder_one_trains_and_the_other_is_refused(first, secon
 def test_an_interrupted_run_says_where_it_stopped_in_one_line(sig, data, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir",
-                             str(out), *TINY, "--max_iters=100000", "--eval_interval=100000"], cwd=ROOT,
+                             str(out), *TINY, "--max_iters=100000", "--eval_interval=100000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (out / "ckpt.pt").exists() and time.time() < deadline:  # step 0's checkpoint
@@ -247,7 +247,7 @@ def test_prepare_reads_file_names_literally(tmp_path):
     (tmp_path / "notes[1].txt").write_text("the bracketed one. " * 50)
     (tmp_path / "notes1.txt").write_text("the plain one! " * 50)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(tmp_path / "notes[1].txt"),
-                           "--out_dir", str(tmp_path / "data"), "--num_proc=1"], cwd=ROOT, capture_output=True, text=True)
+                           "--out_dir", str(tmp_path / "data"), "--num_proc=1"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     folder = tmp_path / "data" / "notes[1]"
     ids = open(folder / "train.bin", "rb").read() + open(folder / "val.bin", "rb").read()
@@ -291,7 +291,7 @@ def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir", str(run), "--max_iters=100000",
            "--eval_interval=20", "--eval_iters=1", "--batch_size=2", *TINY]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.time() + 120

@@ -73,7 +73,7 @@ def test_sample_compile_compiles_the_decode_step(run_dir, script):
     greedy = ["--out_dir", run_dir, "--start", "ROMEO:", "--num_samples=2", "--max_new_tokens=40", "--temperature=0"]
     code, eager, err = script("sample.py", *greedy)
     assert code == 0, err
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *greedy, "--compile"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *greedy, "--compile"],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TORCH_LOGS": "graph_code", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
@@ -164,7 +164,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, s
 def torchrun(*args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "train.py"), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
 

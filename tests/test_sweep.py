@@ -304,12 +304,12 @@ def test_two_sweeps_at_once_into_one_results_folder_keep_every_run(tiny_data, tm
     env = {**os.environ, "PYTHONPATH": ROOT}
     logs = [open(tmp_path / f"{name}.log", "w+") for name in ("first", "second")]
     first = subprocess.Popen([sys.executable, "-c", FIRST, str(tmp_path / "paused"), str(tmp_path / "waits"),
-                              *sweep_argv(1337)], cwd=ROOT, env=env, stdout=logs[0], stderr=subprocess.STDOUT)
+                              *sweep_argv(1337)], env=env, stdout=logs[0], stderr=subprocess.STDOUT)
     start = time.time()
     while not (tmp_path / "paused").exists():  # the first has trained its run, read results.json, and waits
         assert first.poll() is None and time.time() - start < 300, open(tmp_path / "first.log").read()
         time.sleep(0.1)
-    second = subprocess.Popen([sys.executable, "-c", SECOND, str(tmp_path / "waits"), *sweep_argv(1338)], cwd=ROOT,
+    second = subprocess.Popen([sys.executable, "-c", SECOND, str(tmp_path / "waits"), *sweep_argv(1338)],
                               env=env, stdout=logs[1], stderr=subprocess.STDOUT)
     codes = [second.wait(timeout=300), first.wait(timeout=300)]
     assert codes == [0, 0], [open(tmp_path / f"{name}.log").read() for name in ("second", "first")]

@@ -260,8 +260,8 @@ def imported_address_space():
     """Bytes of address space a process holds once it has imported train.py (torch and its libraries mapped)."""
     probe = ("import re, train; print(re.search(r'VmSize:\\s+(\\d+) kB', open('/proc/self/status').read())"
              ".group(1))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
     return int(out.stdout) << 10
 
 
@@ -275,7 +275,7 @@ def test_memory_that_cannot_be_allocated_is_one_line(case, data, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir",
                            str(tmp_path / "run"), "--max_iters=2", "--eval_iters=1", "--warmup_iters=0", "--device=cpu",
                            *options],
-                          cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=300,
+                          capture_output=True, text=True, preexec_fn=limit, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert_one_error_line(proc.returncode, proc.stderr, fragment)
     assert "or the model's size in a new run (--n_embd, --n_layer, --block_size)" in proc.stderr

@@ -130,5 +130,5 @@ def test_a_checkpoint_loads_with_weights_only(data_dir, tmp_path):
     assert all(torch.equal(ckpt["model"][k], mapped["model"][k]) for k in ckpt["model"])
     assert read_checkpoint(path)["model_args"] == ckpt["model_args"]
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--out_dir", str(out), "--num_samples=1",
-                           "--max_new_tokens=8", "--device=cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--max_new_tokens=8", "--device=cpu"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-2000:]
