@@ -5,6 +5,7 @@ import contextlib
 import glob
 import importlib
 import io
+import json
 import os
 import re
 import shlex
@@ -182,11 +183,11 @@ def test_the_quick_start_comes_first_and_says_what_gap_is_noise():
 def test_the_readme_defines_each_term_before_it_uses_it():
     """(a phrase that uses a term, the phrase that defines it): the first use is not before the definition."""
     text = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
-    pairs = [("attnres", "The name (vanilla, vertical, skiplayer, attnres"), ("skip-middle", "(skip-middle)"),
-             ("up to its mirror", "that block's mirror, block L−1−l"), ("ALA(", "ALA(−), the name the Vertical Attention"),
+    pairs = [("attnres", "`--model NAME` trains `model_NAME.py`"), ("skip-middle", "(skip-middle)"),
+             ("block L+1−l", "that block's mirror, block L+1−l"), ("ALA(", "ALA(−), the name the Vertical Attention"),
              ("‖h‖", "‖h‖ its length"), ("U-Net", "U-Net (every block reads"), ("I-Net", "I-Net (every block reads"),
-             ("arch 1", "(its architecture 1)"), ("architecture 2", "(the paper's architecture 2"),
-             (" L ", " L is the number of blocks"), (" d ", " d the width of the residual stream")]
+             ("aila-arch1", "(its architecture 1)"), ("architecture 2", "(the paper's architecture 2"),
+             (" L ", " L is the number of blocks"), (" d ", " d is the width of the residual stream")]
     for use, definition in pairs:
         assert definition in text, definition
         assert text.index(use) >= text.index(definition), f"the README uses {use!r} before {definition!r}"
@@ -198,3 +199,75 @@ def test_the_readme_counts_attnres_parameters_as_the_model_file_does():
     model = " ".join(open(os.path.join(ROOT, "model_attnres.py"), encoding="utf-8").read().split())
     assert "Extra parameters: 2d(2L + 1)." in model
     assert row.split("|")[-2].strip().startswith("2d(2L+1)")
+
+
+def prose_sentences(text):
+    """The README's prose as a learner reads it: outside code blocks, tables, figures, HTML comments and the generated
+    results, in sentences split at . ! or ? before a capital or a backtick."""
+    prose, code = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            code = not code
+        elif not (code or line.lstrip().startswith(("|", "![", "<!--"))):
+            prose.append(line)
+    body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", "\n".join(prose))  # a link counts as its words
+    paragraphs = [p.replace("\n", " ") for p in re.split(r"\n\s*\n", body) if p.strip() and not p.startswith("#")]
+    return [s for p in paragraphs for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", p) if len(s.split()) > 2]
+
+
+def test_the_readme_reads_as_a_first_page():
+    """Short: about nanoGPT's length in words, sentences of about 20 words and none over 40, few asides, and the first
+    command near the top."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    lengths = [len(s.split()) for s in prose_sentences(text)]
+    assert sum(lengths) <= 1500 and sum(lengths) / len(lengths) <= 20, (sum(lengths), sum(lengths) / len(lengths))
+    assert max(lengths) <= 40, [s for s in prose_sentences(text) if len(s.split()) > 40]
+    assert sum(s.count("(") for s in prose_sentences(text)) <= 30
+    assert text.splitlines().index("```sh") + 2 <= 15  # the first command by line 15
+    assert prose_sentences("A one. Two words here. And `three` is (a) sentence!\n\n| a | b |\n```sh\nx y z\n```") == \
+        ["Two words here.", "And `three` is (a) sentence!"]  # (the counting itself: "A one." is too short to count)
+
+
+def stated(pattern, text):
+    """The numbers of the first match of pattern in text, with their thousands commas dropped."""
+    found = re.search(pattern, text)
+    assert found, pattern
+    return [float(g.replace(",", "")) for g in found.groups()]
+
+
+def test_the_readme_states_what_its_files_hold():
+    """Every number the README states about runs is the one its files hold: the quick start's budget is train.py's and
+    model_vanilla.py's defaults, its time and loss are those of the run recorded in results/quickstart/ (the quick
+    start's train.py command, its log.jsonl and what it printed), and the Results' budget and losses are
+    results/results.json's."""
+    import train
+    import model_vanilla
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    quick, results = (" ".join(readme_section(text, h).split()) for h in ("Quick start", "Results"))
+    cfg, shape = train.TrainConfig(), model_vanilla.GPTConfig(vocab_size=257)
+    blocks, width, millions = stated(r"(\d+) blocks of width (\d+), ([\d.]+)M parameters", quick)
+    params = sum(p.numel() for p in model_vanilla.GPT(shape).parameters())
+    assert (blocks, width, millions) == (shape.n_layer, shape.n_embd, round(params / 1e6, 1))
+    steps, batch, T, tokens = stated(r"([\d,]+) steps of (\d+) x (\d+) tokens, ([\d,]+) tokens in all", quick)
+    assert (steps, batch, T, tokens) == (cfg.max_iters, cfg.batch_size, shape.block_size, steps * batch * T)
+    assert stated(r"a checkpoint every ([\d,]+) steps", quick) == [cfg.eval_interval]
+    # the recorded run: the quick start's own command, through to its last step
+    record = os.path.join(ROOT, "results", "quickstart")
+    printed = open(os.path.join(record, "train.txt"), encoding="utf-8").read()
+    log = [json.loads(line) for line in open(os.path.join(record, "log.jsonl"), encoding="utf-8")]
+    assert log[-1]["iter"] == cfg.max_iters and log[-1]["tokens"] == tokens, log[-1]
+    h, m, s = (int(g or 0) for g in re.search(r"done in (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", printed).groups())
+    assert stated(r"about (\d+) minutes on 2 CPU cores", quick) == [round(h * 60 + m + s / 60)]
+    loss = round(log[-1]["val_loss"], 2)
+    assert stated(r"validation loss of about ([\d.]+)", quick) == [loss]
+    # the sweep's budget, and how it compares
+    saved = json.load(open(os.path.join(ROOT, "results", "results.json"), encoding="utf-8"))
+    steps, batch, T, swept = stated(r"([\d,]+) steps of (\d+) x (\d+) tokens, ([\d,]+) tokens", results)
+    assert (steps, batch, T) == (saved["train_iters"], saved["batch_size"], saved["shape"]["block_size"])
+    assert swept == steps * batch * T
+    share = {2: "half", 3: "a third", 4: "a quarter", 8: "an eighth"}[tokens / swept]
+    assert f"That is {share} of the quick start's tokens" in results
+    vanilla = next(row["mean"] for row in saved["summary"] if row["label"] == "vanilla")
+    assert stated(r"vanilla ends near ([\d.]+) here and ([\d.]+) there", results) == [round(vanilla, 2), loss]
+    dwa = max(abs(row["delta"]) for row in saved["summary"] if row["label"].startswith("dwa"))
+    assert stated(r"DenseFormer's weighted average stays within ([\d.]+) of vanilla", results) == [round(dwa, 3)]
