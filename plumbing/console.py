@@ -1,11 +1,11 @@
 """
-Plumbing a learner may skip: what train.py shows while it trains. A progress bar on a terminal that carries the
-periodic records; where stderr is not a terminal (a cluster's log file, `> log.txt 2>&1`) no bar, and every record a
-line of its own instead of thousands of carriage-return updates. A record's statistics of every block or gate in a
-short form (log.jsonl keeps every figure), and Weights & Biases where --wandb_log asks for it.
+Plumbing a learner may skip: what train.py shows while it trains. A progress bar on a terminal; where stderr is not
+one (a cluster's log file, `> log.txt 2>&1`) every record a line of its own, with the step out of the total and the
+time left. A statistic of every block or gate in short (log.jsonl keeps each figure); Weights & Biases on --wandb_log.
 """
 import re
 import sys
+import time
 
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/console.py is a library module (what train.py shows); run `python train.py --help`")
@@ -18,13 +18,13 @@ class Console:
     def __init__(self, total, start, show, header, wandb_config=None, project="", name=""):
         from tqdm import tqdm
         self.show, self.wandb = show, None
+        self.recent = [(start, time.perf_counter())]  # (step, time) of the start, then of the last 5 training records
         self.bar = tqdm(total=total, initial=start, disable=None if show else True, dynamic_ncols=True)
         if show:
             self.bar.write(header)
         if show and wandb_config is not None:
             import wandb
-            self.wandb = wandb
-            wandb.init(project=project, name=name or None, config=wandb_config)
+            self.wandb = wandb.init(project=project, name=name or None, config=wandb_config)
 
     def record(self, record, line=False):
         """A record: a line of its own where line is True (an evaluation) or there is no bar, else the bar's text."""
@@ -32,23 +32,37 @@ class Console:
             return
         if self.wandb is not None:
             self.wandb.log(record, step=record["iter"])
-        text = " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in short(record).items())
-        if line or self.bar.disable:  # as nanoGPT prints them
-            self.bar.write(text)
+        if not line:
+            self.recent = [*self.recent[-5:], (record["iter"], time.perf_counter())]
+        if line or self.bar.disable:  # as nanoGPT prints them, out of the total
+            left = "" if line else f" | {duration(time_left(*zip(*self.recent), self.bar.total))} left"
+            self.bar.write(f"iter {record['iter']}/{self.bar.total} | {short(record)}{left}")
         else:
-            self.bar.set_postfix_str(text[len(f"iter {record['iter']} | "):])
+            self.bar.set_postfix_str(short(record))  # the bar shows the step, the total and its time left
+
+
+def time_left(steps, times, total):
+    """Seconds to step total at the pace from the first to the last of these steps, done at these wall-clock times:
+    a machine that slows down shows, and an evaluation among them counts (evaluations recur)."""
+    return (total - steps[-1]) * (times[-1] - times[0]) / (steps[-1] - steps[0])
+
+
+def duration(seconds):
+    """42s, 7m12s, 1h05m."""
+    m, s = divmod(round(seconds), 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 def short(record):
-    """A record as the console shows it: a statistic of every block or gate (gate0_mean, gate1_mean, ...) as the
-    range of its values, gate_mean[0-5] 0.91..1."""
+    """A record's text on the console but its step: a statistic of every block or gate (gate0_mean, gate1_mean, ...)
+    as the range of its values, gate_mean[0-5] 0.91..1."""
     out, families = {}, {}
     for k, v in record.items():
         m = re.fullmatch(r"([a-z]+)(\d+)_(\w+)", k) if isinstance(v, float) else None
         if m:
             families.setdefault(f"{m[1]}_{m[3]}", {})[int(m[2])] = v
-        else:
-            out[k] = v
+        elif k != "iter":
+            out[k] = f"{v:.4g}" if isinstance(v, float) else v
     for name, m in families.items():
         out[f"{name}[{min(m)}-{max(m)}]"] = f"{min(m.values()):.3g}..{max(m.values()):.3g}"
-    return out
+    return " | ".join(f"{k} {v}" for k, v in out.items())

@@ -95,7 +95,7 @@ def test_the_console_shows_a_statistic_of_every_gate_as_one_range_and_the_log_ke
     code, out, err = run_script("train.py", ["--model=skipmiddle", "--data_dir", data, "--out_dir", run,
                                              "--max_iters=2", "--eval_interval=2", *TINY], capsys)
     assert code in (0, None), err
-    line = next(line for line in out.splitlines() if line.startswith("iter 2 | val_loss"))
+    line = next(line for line in out.splitlines() if line.startswith("iter 2/2 | val_loss"))
     assert "gate0_mean" not in line and re.search(r"gate_mean\[0-0\] [\d.e-]+\.\.[\d.e-]+", line), line
     assert len(line) < 250, line
     record = [r for r in map(json.loads, open(run / "log.jsonl")) if r.get("iter") == 2 and "val_loss" in r][0]

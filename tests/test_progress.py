@@ -1,10 +1,12 @@
 """train.py's progress: a bar on a terminal; where stderr is a file or a pipe (a cluster's log, `> log.txt 2>&1`)
 no bar and no carriage returns, every periodic record a line of its own."""
+import json
 import os
 import re
 import struct
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -34,15 +36,58 @@ def terminal():
     return main, other
 
 
+DURATION = r"(\d+h\d\dm|\d+m\d\ds|\d+s)"  # 1h05m, 7m12s, 42s
+
+
 def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
+    """Every record a line, with the figures to plan with: the step out of the total and a training record's time
+    left; log.jsonl's records stay as they were (the time left is the console's only)."""
     with open(tmp_path / "log.txt", "wb") as log:
         proc = train(data_dir, tmp_path / "run", log)
     out, err = proc.stdout.decode(), (tmp_path / "log.txt").read_bytes().decode()
+    lines = out.splitlines()
     assert proc.returncode == 0, err
     assert "\r" not in out + err and "it/s" not in err  # no bar, no carriage-return updates
     for step in range(1, 5):  # every --log_interval record a line of its own
-        assert sum(line.startswith(f"iter {step} | loss ") for line in out.splitlines()) == 1, out
-    assert sum(line.startswith("iter ") and "val_loss" in line for line in out.splitlines()) == 3, out  # 0, 2, 4
+        assert sum(line.startswith(f"iter {step}/4 | loss ") for line in lines) == 1, out
+        assert any(re.fullmatch(rf"iter {step}/4 \| loss .* \| {DURATION} left", line) for line in lines), out
+    assert [line.split(" | ")[0] for line in lines if "val_loss" in line] == ["iter 0/4", "iter 2/4", "iter 4/4"], out
+    records = [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")]
+    assert [sorted(r) for r in records if "loss" in r] == [["iter", "loss", "lr", "tok_per_s", "tokens"]] * 4
+    assert [sorted(r) for r in records if "val_loss" in r] == [["iter", "tokens", "val_loss"]] * 3
+
+
+def test_the_time_left_is_at_the_recent_pace():
+    """The arithmetic: the steps left at the pace from the first to the last of the steps and times given, so that a
+    machine that slows down raises the estimate; and the durations as the lines show them."""
+    from plumbing.console import duration, time_left
+    assert time_left([0, 10, 20], [0.0, 1.0, 2.0], 100) == 8.0  # 0.1 s a step, 80 steps left
+    assert time_left([0, 10, 20], [0.0, 1.0, 4.0], 100) == 16.0  # slower: 0.2 s a step over the window
+    assert time_left([50, 60], [10.0, 12.0], 100) == 8.0  # resumed at step 50
+    assert [duration(s) for s in (0, 8.4, 59.6, 432, 3599, 3900, 90061)] == \
+        ["0s", "8s", "1m00s", "7m12s", "59m59s", "1h05m", "25h01m"]
+
+
+def test_the_lines_see_a_machine_that_slows_down(monkeypatch, capsys):
+    """A line's time left is at the pace of the last five training records on the wall clock (the test's own clock
+    here: no sleeps): once the steps take three times as long, the time left rises though fewer steps are left, and
+    an evaluation's time counts."""
+    from plumbing import console
+    now = [0.0]
+    monkeypatch.setattr(console, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    shown = console.Console(200, 0, True, "header")
+    assert shown.bar.disable and capsys.readouterr().out == "header\n"  # no terminal (pytest's): lines
+
+    def left(step, seconds):  # the time left on the line of step, `seconds` after the last record
+        now[0] += seconds
+        shown.record({"iter": step, "loss": 5.0})
+        return re.fullmatch(rf"iter {step}/200 \| loss 5 \| {DURATION} left", capsys.readouterr().out.strip())[1]
+    assert [left(step, 1) for step in range(10, 60, 10)] == ["19s", "18s", "17s", "16s", "15s"]  # 0.1 s a step
+    assert [left(step, 3) for step in range(60, 120, 10)] == ["20s", "23s", "26s", "29s", "30s", "27s"]  # 0.3 s
+    now[0] += 6  # an evaluation of 6 s at step 110
+    shown.record({"iter": 110, "val_loss": 5.0}, line=True)
+    assert capsys.readouterr().out == "iter 110/200 | val_loss 5\n"
+    assert left(120, 3) == "34s"  # 21 s over the last 50 steps: 0.42 s a step, 80 steps left
 
 
 def test_a_terminal_gets_the_bar(data_dir, tmp_path):
@@ -66,7 +111,7 @@ def test_a_terminal_gets_the_bar(data_dir, tmp_path):
     out = proc.stdout.decode()
     assert proc.returncode == 0, err
     assert b"\r" in err and b"4/4" in err
-    assert not any(line.startswith("iter 1 | loss ") for line in out.splitlines()), out
+    assert not any(line.startswith("iter 1/4 | loss ") for line in out.splitlines()), out
     assert sum("val_loss" in line for line in out.splitlines()) == 3, out
 
 
