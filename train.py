@@ -26,7 +26,7 @@ import torch
 from common import DTYPES, SIZES, autocast, peak_flops, resolve_device, resolve_dtype, synchronize
 from hf import convert
 from plumbing.config import build_model, check_model_args, model_names, option
-from plumbing.console import Console
+from plumbing.console import Console, duration
 from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, naming, note,
                              printable, stopped)
 from plumbing.files import (LOCK, check_run, note_changes, open_split, read_checkpoint, read_meta, read_resume,
@@ -338,12 +338,12 @@ def resumed(cfg, proc, explicit, ckpt, T):
     return cfg, accum, tokens
 
 
-def next_steps(cfg, step, val_loss):
-    """One line: the checkpoint the run wrote, its validation loss, and the commands that sample, evaluate, go on."""
+def next_steps(cfg, step, val_loss, seconds):
+    """One line: the run's wall time, its checkpoint and loss, and the commands that sample, evaluate, go on."""
     out = arg("out_dir", cfg.out_dir)
-    return (f"done: {printable(os.path.join(cfg.out_dir, 'ckpt.pt'))} holds step {step} (best val loss "
-            f"{val_loss:.4f}); sample from it: `python sample.py {out}`; evaluate it: `python eval.py {out}`; to "
-            "train on, run the same command with --resume and a larger --max_iters")
+    return (f"done in {duration(seconds)}: {printable(os.path.join(cfg.out_dir, 'ckpt.pt'))} holds step {step} "
+            f"(best val loss {val_loss:.4f}); sample from it: `python sample.py {out}`; evaluate it: `python eval.py "
+            f"{out}`; to train on, run the same command with --resume and a larger --max_iters")
 
 
 # ---- the checkpoint, and resume
@@ -500,7 +500,7 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
         for s, handler in handlers.items():
             signal.signal(s, handler)
     if proc.rank == 0:  # the run's last line: where it is, and what to run next
-        print(next_steps(cfg, saved_step, best_val))
+        print(next_steps(cfg, saved_step, best_val, time.perf_counter() - log.console.began))
 
 
 if __name__ == "__main__":  # memory that cannot be allocated, anywhere in a run, ends in one line naming these

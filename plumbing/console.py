@@ -17,8 +17,8 @@ class Console:
 
     def __init__(self, total, start, show, header, wandb_config=None, project="", name=""):
         from tqdm import tqdm
-        self.show, self.wandb = show, None
-        self.recent = [(start, time.perf_counter())]  # (step, time) of the start, then of the last 5 training records
+        self.show, self.wandb, self.began = show, None, time.perf_counter()  # began: at the run's first line
+        self.recent = [(start, self.began)]  # (step, time) of the start, then of the last 5 training records
         self.bar = tqdm(total=total, initial=start, disable=None if show else True, dynamic_ncols=True)
         if show:
             self.bar.write(header)

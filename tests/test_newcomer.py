@@ -70,7 +70,9 @@ def test_a_run_ends_on_one_line_saying_where_it_is_and_what_to_run_next(data, tm
     assert code in (0, None), err
     last = out.strip().splitlines()[-1]
     best = min(r["val_loss"] for r in map(json.loads, open(run / "log.jsonl")) if "val_loss" in r)
-    assert last.startswith(f"done: {run / 'ckpt.pt'} holds step 4 (best val loss {best:.4f}); sample from it: "
+    took, _, rest = last.partition(": ")  # the run's wall time, then where the run is and what to run next
+    assert re.fullmatch(r"done in [\dhms]+", took), last
+    assert rest.startswith(f"{run / 'ckpt.pt'} holds step 4 (best val loss {best:.4f}); sample from it: "
                            f"`python sample.py --out_dir '{run}'`; evaluate it: `python eval.py --out_dir '{run}'`; "
                            "to train on, run the same command with --resume and a larger --max_iters"), last
     for command in re.findall(r"`([^`]+)`", last):

@@ -40,8 +40,9 @@ DURATION = r"(\d+h\d\dm|\d+m\d\ds|\d+s)"  # 1h05m, 7m12s, 42s
 
 
 def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
-    """Every record a line, with the figures to plan with: the step out of the total and a training record's time
-    left; log.jsonl's records stay as they were (the time left is the console's only)."""
+    """Every record a line, with the figures to plan with: the step out of the total, a training record's time left,
+    and the run's wall time on the closing line; log.jsonl's records stay as they were (the time left is the
+    console's only)."""
     with open(tmp_path / "log.txt", "wb") as log:
         proc = train(data_dir, tmp_path / "run", log)
     out, err = proc.stdout.decode(), (tmp_path / "log.txt").read_bytes().decode()
@@ -52,6 +53,7 @@ def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
         assert sum(line.startswith(f"iter {step}/4 | loss ") for line in lines) == 1, out
         assert any(re.fullmatch(rf"iter {step}/4 \| loss .* \| {DURATION} left", line) for line in lines), out
     assert [line.split(" | ")[0] for line in lines if "val_loss" in line] == ["iter 0/4", "iter 2/4", "iter 4/4"], out
+    assert re.match(rf"done in {DURATION}: ", lines[-1]), out
     records = [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")]
     assert [sorted(r) for r in records if "loss" in r] == [["iter", "loss", "lr", "tok_per_s", "tokens"]] * 4
     assert [sorted(r) for r in records if "val_loss" in r] == [["iter", "tokens", "val_loss"]] * 3
@@ -134,7 +136,7 @@ def test_on_a_terminal_the_closing_line_comes_after_the_bar(data_dir, tmp_path):
     finally:
         os.close(main)
     assert proc.returncode == 0, seen
-    before, done, after = seen.decode().rpartition("done: ")
+    before, done, after = seen.decode().rpartition("done in ")
     redrawn = re.search("\r(?!\n)", after)  # a carriage return of the bar (a terminal ends each line with \r\n)
     assert done and not redrawn and "4/4" in before and before.endswith("\n"), seen
 
