@@ -23,7 +23,7 @@ SHAPE = dict(n_layer=4, n_head=2, n_kv_head=1, n_embd=32, ffn_hidden=64, block_s
 
 def test_matplotlib_is_a_default_dependency():
     names = lambda f: [re.split(r"[\s<>=#]", l.strip())[0].lower()
-                       for l in open(os.path.join(ROOT, f)) if l.strip() and not l.startswith("#")]
+                       for l in open(os.path.join(ROOT, f), encoding="utf-8") if l.strip() and not l.startswith("#")]
     assert "matplotlib" in names("requirements.txt")
     assert "matplotlib" not in names("requirements-eval.txt")
 
@@ -59,9 +59,15 @@ def cells(ax):
     return {(round(t.get_position()[1]), round(t.get_position()[0])) for t in ax.texts}
 
 
+def map_and_bar(fig):
+    """The depth map's panel (the weights) and its colour bar."""
+    ax = fig.axes[0]
+    return ax, ax.images[0].colorbar.ax
+
+
 def test_vertical_depth_map_figure(plt, tmp_path):
     _, m, layout, fig = depth_map_figure(plt, "vertical", tmp_path)
-    ax, bar = fig.axes
+    ax, bar = map_and_bar(fig)
     L = SHAPE["n_layer"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", "1", "2", "3"]  # sources: embedding, blocks
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"block {l}" for l in range(1, L + 1)]
@@ -90,11 +96,13 @@ def test_a_learned_map_gets_no_warning(plt, tmp_path):
                                             ("aila", {}), ("aila", {"aila_arch": 1}), ("skipmiddle", {})])
 def test_every_depth_map_figure(plt, name, overrides, tmp_path):
     """Every model's columns are labelled as its depth_map() defines them, and every row's weight lies in the
-    cells drawn (rows sum to 1 over them), none in the blank ones."""
+    cells drawn (rows sum to 1 over them), none in the blank ones; a map that is not trained (no start) is one
+    panel, a learned one has its change from the start beside it."""
     if name not in model_names():
         pytest.skip(f"model_{name}.py is not there")
     _, m, layout, fig = depth_map_figure(plt, name, tmp_path, **overrides)
-    ax, bar = fig.axes
+    ax, bar = map_and_bar(fig)
+    assert len(fig.axes) == (2 if layout.get("start") is None else 4)  # each panel with its colour bar
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert len(labels) == m.size(1) and bar.get_ylabel()
     blank = blank_cells(ax)
@@ -117,7 +125,7 @@ def test_dwa_depth_map_is_signed_and_shows_the_cells_it_learns(plt, tmp_path):
     if "dwa" not in model_names():
         pytest.skip("model_dwa.py is not there")
     model, m, layout, fig = depth_map_figure(plt, "dwa", tmp_path, dwa_map="x0")
-    ax, _ = fig.axes
+    ax, _ = map_and_bar(fig)
     L = SHAPE["n_layer"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", *map(str, range(1, L + 1))]
     sources = importlib.import_module("model_dwa").dwa_sources(model.config)
@@ -129,6 +137,44 @@ def test_dwa_depth_map_is_signed_and_shows_the_cells_it_learns(plt, tmp_path):
         model.dwa_alpha[0][0, 0] = -0.5  # the first row's weight on the embedding: a backout
     _, m, layout, fig = depth_map_figure(plt, "dwa", tmp_path, model=model, dwa_map="x0")
     assert m[0, 0] == -0.5 and not depth_map.at_start(m, layout) and fig.get_suptitle() == ""
+    moved = fig.axes[1]  # the change from the identity start: row i starts 1 on its own block's output
+    assert [t.get_text() for t in moved.get_yticklabels()] == [f"block {l} (start 1 on {l})" for l in range(1, L + 1)]
+    assert {t.get_text() for t in moved.texts if t.get_position() == (0, 0)} == {"-0.50"}
+    assert "identity start" in moved.get_title()
+
+def test_a_learned_map_is_read_against_its_start(plt, tmp_path):
+    """A vertical map that moved: beside the weights, a panel of each weight's change from its uniform start, on a
+    scale centred on 0, each row labelled with its start (block 4 starts at 0.25 on each of its 4 sources), the
+    caption saying what the second panel is; the printed table says the start and prints the change, row by row."""
+    module = importlib.import_module("model_vertical")
+    torch.manual_seed(0)
+    model = module.GPT(module.GPTConfig(vocab_size=256, **SHAPE)).eval()
+    with torch.no_grad():
+        model.va_scores.normal_()  # a map that has moved
+    _, m, layout, fig = depth_map_figure(plt, "vertical", tmp_path, model=model)
+    L, start = SHAPE["n_layer"], layout["start"]
+    change = lambda r, c: f"{round((m[r, c] - start[r, c]).item(), 2) + 0.0:+.2f}"  # +0.11, never -0.00
+    moved = fig.axes[1]
+    assert [t.get_text() for t in moved.get_yticklabels()] == [f"block {l} (start {1 / l:.2f})"
+                                                                 for l in range(1, L + 1)]
+    assert [t.get_text() for t in moved.get_xticklabels()] == ["emb", "1", "2", "3"]
+    written = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in moved.texts}
+    assert written == {(r, c): change(r, c) for r in range(L) for c in range(r + 1)}
+    assert written[(1, 0)] not in ("+0.00", "-0.00")  # block 2's weight on emb moved from its start, 0.5
+    drawn = moved.images[0].get_array()
+    assert np.allclose(drawn[layout["valid"].numpy()], (m - start)[layout["valid"]].numpy())
+    low, high = moved.images[0].get_clim()
+    assert low == -high and moved.images[0].get_cmap().name.startswith("RdBu")
+    assert "uniform start" in moved.get_title() and "start" in moved.images[0].colorbar.ax.get_ylabel()
+    assert any("centred on 0" in t.get_text() and "start" in t.get_text() for t in fig.texts)
+    lines = depth_map.format_depth_map(m, L, layout)
+    assert lines[L + 1] == "start: the uniform start (every row equal over its sources)"
+    for l, line in enumerate(lines[L + 4:], 1):  # after the table of weights, the start and the change's header
+        label, values = line.split(" | ")
+        assert label.strip() == f"block {l} (start {1 / l:.2f})"
+        assert values.split() == [change(l - 1, c) for c in range(l)]
+    assert len(lines) == 2 * (L + 1) + 2
+    assert depth_map.row_labels(3, 5) == ["row 1", "row 2", "row 3"]  # rows count from 1, as blocks do
 
 # ---- eval.py end to end: the note, and --curves on two tiny real runs ------------------------------------------
 
@@ -147,6 +193,7 @@ def test_depth_map_note_at_the_uniform_start(plt, runs, capsys):
     evalpy.main(["--out_dir", runs["vertical"], "--loss=false", "--depth_map"])
     out = capsys.readouterr().out
     assert "still at its uniform start" in out and "depth_map.png" in out
+    assert "start: the uniform start" in out and "block 2 (start 0.50) | +0.00 +0.00" in out  # the table's start
     assert os.path.getsize(os.path.join(runs["vertical"], "depth_map.png")) > 0
 
 
@@ -167,7 +214,7 @@ def test_depth_map_and_wiring_say_what_each_measures_in_the_same_words(plt, runs
     panel = ("vanilla", torch.eye(3), ["1", "2", "head"], ["emb", "1", "2"])
     assert said in flat(wiring.plot_wiring(plt, [panel], tmp_path / "one.png").get_suptitle())
     for doc in ("docs/scripts.md", "docs/tests.md"):
-        assert said in flat(open(os.path.join(ROOT, doc)).read()), doc
+        assert said in flat(open(os.path.join(ROOT, doc), encoding="utf-8").read()), doc
 
 
 def test_curves_of_two_runs(plt, runs, tmp_path, capsys):
