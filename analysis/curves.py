@@ -3,8 +3,9 @@ eval.py --curves: the training and validation loss of runs side by side, from th
 evaluated), one colour per run, against the tokens each has seen.
 """
 import os
+import textwrap
 
-from analysis.figures import FIGURE_FIX, pyplot_for, run_folder, save_png, zoom_range
+from analysis.figures import FIGURE_FIX, in_units, plain_units, pyplot_for, run_folder, save_png, zoom_range
 from plumbing.config import check_record
 from plumbing.errors import ConfigError
 from plumbing.files import LogRecord, parse_json, read_checkpoint, read_text
@@ -60,41 +61,60 @@ def tokens_per_step(folder):
         return None
 
 
-def plot_curves(plt, runs, path):
+def plot_curves(plt, runs, path, share=0.4):
     """The training loss (a thin line through its records' points) and validation loss (its evaluations as dots,
     unjoined: a straight line between sparse evaluations would lie above the curve, and a run evaluated less often
     would look worse) of every run, one colour per run, against tokens seen as the logs record them, or against
     steps where a run's tokens are unknown; the legend gives each run's steps where they differ. A second panel
-    zooms on the last 40% of training, its y-range fitted to the losses there (analysis.figures.zoom_range): the
-    whole run's range hides final losses a few hundredths apart. Returns the (closed) figure: axes[0] the whole
-    run, axes[1] the zoom."""
+    zooms on the last `share` of training (analysis.figures.zoom_range: of the tokens, or steps, the longest run
+    saw; one window for every run, its bounds in the title), drawing only the points in it, its y-range fitted to their
+    losses (the whole run's range hides final losses a few hundredths apart) and its x-range padded so that no
+    marker is cut at an edge. Both token axes read in plain units (0.5M, 1M), with no "1e6" beside them. Returns the
+    (closed) figure: axes[0] the whole run, axes[1] the zoom."""
     tokens = all(t is not None for r in runs for _, t, _ in r["train"] + r["val"])
     last = [max(s for s, _, _ in r["train"] + r["val"]) for r in runs]
     fig, (ax, zoom) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     colours = plt.get_cmap("tab10").colors
-    drawn = []  # every curve's points (x, y), for the zoom
+    curves = []  # (colour, style, label, points (x, y)) of every curve
     for i, (r, steps) in enumerate(zip(runs, last)):
         colour, run = colours[i % 10], r["label"] + (f" ({steps:,} steps)" if len(set(last)) > 1 else "")
         for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6, marker=".", markersize=3),
                                       "training loss"),
                                      (r["val"], dict(marker="o", linestyle="none", markersize=5), "validation loss")):
             if points:
-                xs, ys = [t if tokens else s for s, t, _ in points], [v for _, _, v in points]
-                ax.plot(xs, ys, color=colour, label=f"{run}: {label}", **style)
-                zoom.plot(xs, ys, color=colour, **style)
-                drawn.append(list(zip(xs, ys)))
+                curves.append((colour, style, f"{run}: {label}", [(t if tokens else s, v) for s, t, v in points]))
+    for colour, style, label, points in curves:
+        ax.plot(*zip(*points), color=colour, label=label, **style)
     xlabel = "tokens seen" if tokens else "step (tokens unknown: a log of an older train.py, no readable ckpt.pt)"
     ax.set(xlabel=xlabel, ylabel="loss (nats per token)", title="loss during training (each run's log.jsonl)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    limits = zoom_range(drawn)
+    drawn = [points for _, _, _, points in curves]
+    top = max(x for points in drawn for x, _ in points)
+    limits = zoom_range(drawn, share)
     if limits is None:  # one point, or flat curves: nothing to zoom on
         zoom.set_title("the end of training: nothing to zoom on", fontsize=9)
     else:
-        zoom.set(xlim=limits[0], ylim=limits[1])
-        zoom.set_title("the last 40% of training, the y-axis fitted to its losses", fontsize=9)
+        (x0, x1), ylim = limits
+        tolerance = 1e-9 * max(abs(x0), abs(x1), 1)  # a point on the window's start, in float arithmetic
+        for colour, style, _, points in curves:  # only the points in the window: the zoom shows what it names
+            late = [(x, y) for x, y in points if x >= x0 - tolerance]
+            if late:
+                zoom.plot(*zip(*late), color=colour, **style)
+        pad = 0.04 * (x1 - x0)  # a marker on the window's first or last x is drawn whole
+        zoom.set(xlim=(x0 - pad, x1 + pad), ylim=ylim)
+        what = "tokens" if tokens else "steps"
+        ends = [(r["label"], max(s if not tokens else t for s, t, _ in r["train"] + r["val"])) for r in runs]
+        before = [f"{label} ends before it, at {in_units(end, top)}" for label, end in ends if end < x0 - tolerance]
+        whose = "training" if len({end for _, end in ends}) == 1 else "the longest run"
+        span = "; ".join([f"{what} {in_units(x0, top)} to {in_units(x1, top)}"] + before)
+        title = f"the last {share:.0%} of {whose} ({span}), the y-axis fitted to its losses"
+        zoom.set_title(textwrap.fill(title, 75), fontsize=9)
     zoom.set(xlabel=xlabel if tokens else "step")
     zoom.grid(alpha=0.3)
+    for panel in (ax, zoom):  # plain units, no offset ("1e6") beside either axis
+        panel.xaxis.set_major_formatter(plain_units(top))
+        panel.ticklabel_format(axis="y", useOffset=False)
     fig.tight_layout()
     save_png(fig, path, dpi=120)
     plt.close(fig)

@@ -40,21 +40,37 @@ def pyplot_for(plot):
 
 
 def zoom_range(curves, share=0.4, margin=0.05):
-    """The zoom on the end of training that a comparison concludes from: ((x0, x1), (y0, y1)) around the points
-    (x, y) of every curve in the last `share` of its own x-range, the y-range fitting just them (with a `margin`
-    of their spread each side), so that final losses a few hundredths apart are told apart; None where there is
-    nothing to zoom on (the late points at one x, or all at one y)."""
-    late = []
-    for points in curves:
-        xs = [x for x, _ in points]
-        if xs:
-            start = max(xs) - share * (max(xs) - min(xs))
-            late += [(x, y) for x, y in points if x >= start]
+    """The zoom on the end of training that a comparison concludes from: ((x0, x1), (y0, y1)), where x0 to x1 is
+    the last `share` of the tokens (or steps) of the longest curve, counted from 0 (where training starts; from
+    the smallest x where that is below 0), the same window for every curve, so that a shorter or longer run does
+    not move it; x1 is the largest x of any curve. The y-range fits just the points (x, y) in the window (with a
+    `margin` of their spread each side), so that final losses a few hundredths apart are told apart. None where
+    there is nothing to zoom on (the points in the window at one x, or all at one y)."""
+    xs = [x for points in curves for x, _ in points]
+    if not xs:
+        return None
+    x1 = max(xs)
+    x0 = x1 - share * (x1 - min(0, min(xs)))
+    tolerance = 1e-9 * max(abs(x0), abs(x1), 1)  # a point on the window's start, in float arithmetic
+    late = [(x, y) for points in curves for x, y in points if x >= x0 - tolerance]
     xs, ys = [x for x, _ in late], [y for _, y in late]
     if len(set(xs)) < 2 or max(ys) == min(ys):
         return None
     pad = margin * (max(ys) - min(ys))
-    return (min(xs), max(xs)), (min(ys) - pad, max(ys) + pad)
+    return (x0, x1), (min(ys) - pad, max(ys) + pad)
+
+
+def plain_units(top):
+    """A matplotlib FuncFormatter that writes an axis reaching `top` (tokens, steps) in plain units: 0.5M, 1M,
+    1.5M (K, M or B as top's size asks), with no offset or "1e6" written beside the axis."""
+    from matplotlib.ticker import FuncFormatter
+    scale, unit = next(((s, u) for s, u in ((1e9, "B"), (1e6, "M"), (1e3, "K")) if abs(top) >= s), (1, ""))
+    return FuncFormatter(lambda x, pos=None: f"{round(x / scale, 6) + 0.0:,g}{unit}" if round(x / scale, 6) else "0")
+
+
+def in_units(x, top):
+    """x as plain_units(top) writes it on the axis: 2.46M."""
+    return plain_units(top)(round(x, -max(0, len(str(int(abs(top)))) - 3)))
 
 
 FIGURE_FIX = "pass --plot false, or --plot_path to save it elsewhere"  # a figure that cannot be written where it goes

@@ -1,5 +1,6 @@
 """eval.py's figures read back from the matplotlib objects: the depth map's labels, columns and blank cells, the
-warning of a map still at its uniform start, and --curves on two tiny real runs and on bad input."""
+warning of a map still at its uniform start, a learned map read against its start, and --curves on two tiny real
+runs, on runs of different lengths and on bad input."""
 import importlib
 import json
 import os
@@ -271,10 +272,49 @@ def test_curves_zoom_on_the_end_of_training_fits_the_final_losses(plt, tmp_path)
     lo, hi = zoom.get_ylim()
     assert lo <= min(late) and max(late) <= hi and hi - lo < 1.2 * (max(late) - min(late))
     assert (hi - lo) < 0.1 * (whole.get_ylim()[1] - whole.get_ylim()[0])
-    assert zoom.get_xlim() == (0.6 * 200 * 128, 200 * 128)
-    assert "last 40%" in zoom.get_title()
+    assert zoom_window(zoom) == (15400, 25600)  # 0.6 x 25,600 tokens = 15,360, written 15.4K
+    assert zoom.get_xlim()[0] < 0.6 * 200 * 128 and 200 * 128 < zoom.get_xlim()[1]
+    assert "last 40% of training" in zoom.get_title()
     assert figures.zoom_range([[(0, 1.0), (10, 1.0)]]) is None  # flat: nothing to zoom on
     assert figures.zoom_range([[(0, 5.0), (6, 3.0), (8, 2.5), (10, 2.0)]]) == ((6, 10), (2.0 - 0.05, 3.0 + 0.05))
+    # one window for every curve, the last 40% of the longest: a short curve does not move it
+    assert figures.zoom_range([[(0, 5.0), (6, 3.0), (10, 2.0)], [(0, 5.0), (2, 4.0)]])[0] == (6, 10)
+
+
+def zoom_window(zoom):
+    """(from, to) in tokens as the zoom's title writes them: "tokens 2.46M to 4.1M"."""
+    found = re.search(r"tokens ([\d.]+)([KM]?) to ([\d.]+)([KM]?)", " ".join(zoom.get_title().split()))
+    assert found, zoom.get_title()
+    unit = {"": 1, "K": 1e3, "M": 1e6}
+    return round(float(found[1]) * unit[found[2]]), round(float(found[3]) * unit[found[4]])
+
+
+def test_curves_zoom_covers_the_window_its_title_names(plt, tmp_path):
+    """Runs of 4.1M tokens and of 0.82M: the zoom covers the last 40% of training as its title states it (tokens
+    2.46M to 4.1M, the shorter run ending before it), every point of that window drawn and none before it, each with
+    a margin to the edges (no marker cut in half); neither panel writes an offset such as "1e6" beside an axis,
+    and token ticks read 1M, 2M."""
+    logs, top = [], 1000 * 4096
+    for name, steps, final in (("vanilla", 200, 3.00), ("vertical", 1000, 2.93)):
+        train = [(s, s * 4096, final + 3.5 * 0.7 ** (s / 50)) for s in range(0, steps + 1, 10)]
+        val = [(s, t, v + 0.01) for s, t, v in train[::10]]  # one at 600 steps: the window's first token
+        logs.append({"folder": name, "label": name, "train": train, "val": val})
+    fig = curves.plot_curves(plt, logs, tmp_path / "zoom.png")
+    whole, zoom = fig.axes
+    assert zoom_window(zoom) == (2_460_000, 4_100_000)  # 0.6 x 4,096,000 = 2,457,600 and 4,096,000
+    assert "vanilla ends before it, at 0.82M" in " ".join(zoom.get_title().split())
+    window = [(t, v) for r in logs for _, t, v in r["train"] + r["val"] if t >= 0.6 * top]
+    plotted = sorted((x, y) for line in zoom.lines for x, y in zip(line.get_xdata(), line.get_ydata()))
+    assert plotted == sorted(window)  # every point of the window, none from before it
+    (lo, hi), (bottom, ceiling) = zoom.get_xlim(), zoom.get_ylim()
+    assert 0 < 0.6 * top - lo <= 0.05 * (hi - lo)  # it starts where the title says, with a margin for the marker
+    assert lo + 0.01 * (hi - lo) <= min(x for x, _ in plotted) and max(x for x, _ in plotted) <= hi - 0.01 * (hi - lo)
+    assert bottom + 0.01 * (ceiling - bottom) <= min(y for _, y in plotted)
+    assert max(y for _, y in plotted) <= ceiling - 0.01 * (ceiling - bottom)
+    for panel in (whole, zoom):
+        assert panel.xaxis.get_offset_text().get_text() == panel.yaxis.get_offset_text().get_text() == ""
+        ticks = [t.get_text() for t in panel.get_xticklabels()]
+        assert "3M" in ticks and not any("e" in t for t in ticks), ticks
 
 
 def test_curves_errors(tmp_path, script):
