@@ -87,8 +87,8 @@ def wiring_panels(args):
                 idx = torch.randint(model.config.vocab_size, (2, min(64, model.config.block_size)),
                                     generator=torch.Generator().manual_seed(args.seed))
                 panels.append((f"{paper(name)}: {label}", *wiring(model, idx, args.seed)))
-                if getattr(model, "gates", None):  # the middle half of the blocks skipped by every token, as
-                    close_gates(model, len(model.gates) // 2)  # tools.bench's --close_gates (blocks 1 to 4 of 6)
+                if getattr(model, "gates", None):  # the middle blocks skipped by every token, as
+                    close_gates(model, len(model.gates) // 2)  # tools.bench's --close_gates (blocks 2 to 5 of 6)
                     panels.append((f"{paper(name)}: {label}, middle gates closed", *wiring(model, idx, args.seed)))
             continue
         try:
