@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import train
-from conftest import TINY, run_printed, run_script, shakespeare_sample
+from conftest import ROOT, TINY, run_printed, run_script, shakespeare_sample
 from test_errors import assert_one_error_line
 
 
@@ -144,15 +144,18 @@ def test_figures_mark_their_points_and_say_each_run_s_steps(data, tmp_path, caps
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["vanilla (run4), step 4", "vanilla (run8), step 8"]
 
 
+PRESET = os.path.join(ROOT, "config", "fineweb_edu_50m.py")
+
+
 def test_a_preset_names_its_tokenizer_and_refuses_data_of_another(data, tmp_path, capsys):
     """A preset of a web data set: its prepare hint carries the tokenizer the preset needs, and data of that name
     made with another tokenizer is refused before anything is written, with the command that makes the right one."""
     empty = tmp_path / "data"
-    code, _, err = run_script("train.py", ["config/fineweb_edu_50m.py", "--data_dir", empty,
+    code, _, err = run_script("train.py", [PRESET, "--data_dir", empty,
                                            "--out_dir", tmp_path / "run"], capsys)
     assert_one_error_line(code, err, "--tokenizer gpt2")
     shutil.copytree(os.path.join(data, "shakespeare"), empty / "fineweb-edu")  # byte-level data under that name
-    code, _, err = run_script("train.py", ["config/fineweb_edu_50m.py", "--data_dir", empty,
+    code, _, err = run_script("train.py", [PRESET, "--data_dir", empty,
                                            "--out_dir", tmp_path / "run"], capsys)
     assert_one_error_line(code, err, "prepared with the byte tokenizer")
     assert hint(err).startswith("python prepare.py --dataset fineweb-edu --tokenizer gpt2")

@@ -18,7 +18,7 @@ TINY = ["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", "--ffn_hidd
 
 def train(data_dir, out_dir, stderr, stdout=subprocess.PIPE):
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data_dir", data_dir, "--out_dir",
-                           str(out_dir), *TINY], cwd=ROOT, stdout=stdout, stderr=stderr, timeout=300,
+                           str(out_dir), *TINY], stdout=stdout, stderr=stderr, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -147,13 +147,13 @@ def test_prepare_and_eval_write_no_carriage_returns_to_a_log_file(data_dir, tmp_
     text.write_text("To be, or not to be, that is the question.\n" * 400)
     with open(tmp_path / "prepare.txt", "wb") as log:
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(text), "--out_dir",
-                               str(tmp_path / "data"), "--num_proc", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                               str(tmp_path / "data"), "--num_proc", "1"], stdout=subprocess.PIPE,
                               stderr=log, timeout=300)
     assert proc.returncode == 0 and b"\r" not in (tmp_path / "prepare.txt").read_bytes() + proc.stdout
     assert train(data_dir, tmp_path / "run", subprocess.PIPE).returncode == 0
     with open(tmp_path / "eval.txt", "wb") as log:
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--out_dir", str(tmp_path / "run"),
-                               "--data_dir", data_dir, "--tokens", "200", "--device", "cpu"], cwd=ROOT,
+                               "--data_dir", data_dir, "--tokens", "200", "--device", "cpu"],
                               stdout=subprocess.PIPE, stderr=log, timeout=300)
     err = (tmp_path / "eval.txt").read_bytes()
     assert proc.returncode == 0 and b"perplexity" in proc.stdout, err
