@@ -558,19 +558,24 @@ def results_table(sweep, rows, runs, header, n_planned):
     lines = []
     if sweep["name"]:
         lines += [f"{sweep['paper']}. The paper's claim: {sweep['claim']}.", ""]
+    # how the table was made, a setting a row: short lines a reader scans, not one long sentence
+    reference = ("the dense models of the same seed at the same estimated FLOPs (interpolated between layer counts)"
+                 if "frontier" in sweep else "vanilla")
     lines += [
-        f"`python {shlex.join(header['command'])}` on {header['hardware']}, {header['dtype']}, torch "
-        f"{header['torch']}: {header['size']} shape ({', '.join(f'{k} {v}' for k, v in shape.items())}), "
-        f"data set `{header['dataset']}`, {steps} steps of {batch} x {shape['block_size']} tokens "
-        f"({steps * batch * shape['block_size']:,} tokens), seeds {', '.join(map(str, header['seeds']))}, "
-        f"train.py options `{header['train_args']}`; " + (
-            f"{len(runs)} run{'s' if len(runs) > 1 else ''}, {hours:.2f} hours of training in all{cost(runs)}. Validation loss over the whole "
-            f"validation split ({runs[0]['val_tokens']:,} tokens) as mean ± std over seeds; Δ = the mean of the "
-            "same-seed differences to " + ("the dense models of the same seed at the same estimated FLOPs (interpolated "
-            "between layer counts)" if "frontier" in sweep else "vanilla") + " ± its standard error, **bold** where "
-            "|Δ| > 2 SE."
-            if runs else f"{len(sweep['points'])} labels x {len(header['seeds'])} seeds."),
-    ]
+        "| how the table was made | |", "|---|---|",
+        f"| command | `python {shlex.join(header['command'])}` |",
+        f"| machine | {header['hardware']}, {header['dtype']}, torch {header['torch']} |",
+        f"| model | {header['size']} shape ({', '.join(f'{k} {v}' for k, v in shape.items())}) |",
+        f"| data | `{header['dataset']}`, {steps} steps of {batch} x {shape['block_size']} tokens "
+        f"({steps * batch * shape['block_size']:,} tokens) |",
+        f"| seeds | {', '.join(map(str, header['seeds']))} |",
+        f"| train.py options | `{header['train_args']}` |",
+    ] + ([
+        f"| runs | {len(runs)} run{'s' if len(runs) > 1 else ''}, {hours:.2f} hours of training in all{cost(runs)} |",
+        f"| val loss | over the whole validation split ({runs[0]['val_tokens']:,} tokens), mean ± std over seeds |",
+        f"| Δ | the mean of the same-seed differences to {reference} ± its standard error; **bold** where "
+        "\\|Δ\\| > 2 SE |",
+    ] if runs else [f"| runs | {len(sweep['points'])} labels x {len(header['seeds'])} seeds |"])
     if not runs:
         return "\n".join(lines + ["", f"**In progress: 0 of {n_planned} runs**; the same command trains them."]) + "\n"
     if len(runs) < n_planned:
