@@ -1,6 +1,6 @@
 # A small CPU run of skip-middle on the offline Shakespeare bytes (python prepare.py): the paper's optimiser recipe
 # (AdamW lr 1e-3, betas (0.8, 0.95), eps 1e-10, no weight decay, 10% linear warm-up from 0.1x, cosine
-# decay to 0) and mean-gate targets linear from 1 at block 0 to gate_target = 0.5 at the middle block.
+# decay to 0) and mean-gate targets linear from 1 at block 1 to gate_target = 0.5 at the middle block.
 # gate_gamma is 1e-2, not the paper's 1e-3: the controller is an integrator, and sparsity needs |beta| of about
 # 0.2, reached after about 0.2 / (0.2 * gamma) steps: 100 steps with 1e-2, the whole 1000 with 1e-3 (the paper's
 # runs have 19k steps; model_skipmiddle.py's docstring explains). With 1e-2 the middle block's gates are 48% zero

@@ -68,8 +68,8 @@ class BenchConfig:
                              "tools.gpu_tables warms every model at once so, then times them one after another)")
     json: str = option("", "also write the results to this JSON file", path=True, out="file")
     close_gates: int = option(-1, "models with gates: before timing generation with and without skipping, close gate K "
-                              "and every later one for every token (blocks K to L-1-K skipped); -1 = as initialised",
-                              min=-1)
+                              "(block K+1's) and every later one for every token (blocks K+1 to L-K skipped); -1 = as "
+                              "initialised", min=-1)
     checkpoint: str = option("", "time only generation with and without skipping, on this trained run (its "
                              "out_dir), prompted with the start of its data set's val split from --data_dir", path=True)
     data_dir: str = option("data", "--checkpoint: the folder of prepared data sets", path=True)
