@@ -42,7 +42,7 @@ def format_depth_map(m, n_layer, layout=None, decimals=2):
     labels = row_labels(m.size(0), n_layer)
     columns = layout["columns"] if layout else [str(c) for c in range(m.size(1))]
     valid = layout["valid"] if layout else torch.ones(m.shape, dtype=torch.bool)
-    lines = table(labels, columns, m, valid, lambda v: f"{v:.{decimals}f}")
+    lines = table(labels, columns, m, valid, lambda v: f"{round(v, decimals) + 0.0:.{decimals}f}")  # never -0.00
     start = start_of(m, layout)
     if start is not None:
         lines += [f"start: the {layout['start_text']}", "the change from the start (each row's start in brackets):"]
@@ -141,7 +141,7 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
     top = max(1.0, m[valid].abs().max().item() if valid.any() else 0.0)
     # signed weights on a scale centred on 0 (red below, blue above), so that a negative weight is not a small one
     heat_map(plt, ax, m, valid, "RdBu" if layout["signed"] else "Blues", -top if layout["signed"] else 0, top,
-             lambda v: f"{v:.2f}", layout["cbar"])
+             lambda v: f"{round(v, 2) + 0.0:.2f}", layout["cbar"])  # 0.00, never -0.00
     ax.set_xticks(range(cols), labels=layout["columns"])
     ax.set_yticks(range(rows), labels=labels)
     ax.set(xlabel=layout["xlabel"], title=textwrap.fill(title, int(width * (4 if start is not None else 8))))

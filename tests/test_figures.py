@@ -136,12 +136,18 @@ def test_dwa_depth_map_is_signed_and_shows_the_cells_it_learns(plt, tmp_path):
     assert ax.images[0].get_cmap().name.startswith("RdBu") and low == -high
     with torch.no_grad():
         model.dwa_alpha[0][0, 0] = -0.5  # the first row's weight on the embedding: a backout
+        model.dwa_alpha[1][0, 0] = -0.001  # the second's: a weight that rounds to nothing reads 0.00, not -0.00
     _, m, layout, fig = depth_map_figure(plt, "dwa", tmp_path, model=model, dwa_map="x0")
     assert m[0, 0] == -0.5 and not depth_map.at_start(m, layout) and fig.get_suptitle() == ""
     moved = fig.axes[1]  # the change from the identity start: row i starts 1 on its own block's output
     assert [t.get_text() for t in moved.get_yticklabels()] == [f"block {l} (start 1 on {l})" for l in range(1, L + 1)]
     assert {t.get_text() for t in moved.texts if t.get_position() == (0, 0)} == {"-0.50"}
     assert "identity start" in moved.get_title()
+    printed = depth_map.format_depth_map(m, L, layout)
+    weights = fig.axes[0]
+    assert m[1, 0] < 0 and {t.get_text() for t in weights.texts if t.get_position() == (0, 1)} == {"0.00"}
+    assert "-0.00" not in "".join(printed)
+
 
 def test_a_learned_map_is_read_against_its_start(plt, tmp_path):
     """A vertical map that moved: beside the weights, a panel of each weight's change from its uniform start, on a
