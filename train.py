@@ -271,8 +271,9 @@ class Log:
                   f"{f'resumes at step {start:,} | ' if cfg.resume else ''}"
                   f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
                   f"{proc.device} {proc.dtype}")
-        self.console = Console(cfg.max_iters, start, self.master, header, {**dataclasses.asdict(cfg), **model_args}
-                               if cfg.wandb_log else None, cfg.wandb_project, cfg.wandb_run_name)
+        self.console = Console(cfg.max_iters, start, self.master, header, cfg.eval_interval,
+                               {**dataclasses.asdict(cfg), **model_args} if cfg.wandb_log else None,
+                               cfg.wandb_project, cfg.wandb_run_name)
 
     def start_clock(self):
         if self.t0 is None:

@@ -15,10 +15,11 @@ class Console:
     """The bar, the lines and wandb of one process: every method does nothing where show is False (a torchrun
     process other than rank 0's)."""
 
-    def __init__(self, total, start, show, header, wandb_config=None, project="", name=""):
+    def __init__(self, total, start, show, header, every, wandb_config=None, project="", name=""):
         from tqdm import tqdm
         self.show, self.wandb, self.began = show, None, time.perf_counter()  # began: at the run's first line
-        self.recent = [(start, self.began)]  # (step, time) of the start, then of the last 5 training records
+        self.recent = [(start, self.began)]  # (step, time) of the start or last evaluation, then of the last 5 records
+        self.every, self.evaluation = every, 0.0  # steps between evaluations, and the last one's seconds
         self.bar = tqdm(total=total, initial=start, disable=None if show else True, dynamic_ncols=True)
         if show:
             self.bar.write(header)
@@ -32,19 +33,25 @@ class Console:
             return
         if self.wandb is not None:
             self.wandb.log(record, step=record["iter"])
-        if not line:
-            self.recent = [*self.recent[-5:], (record["iter"], time.perf_counter())]
+        now = time.perf_counter()
+        if line:  # an evaluation, since the last training record: its time, and the pace measured afresh after it
+            self.evaluation, self.recent = now - self.recent[-1][1], [(record["iter"], now)]
+        else:
+            self.recent = [*self.recent[-5:], (record["iter"], now)]
         if line or self.bar.disable:  # as nanoGPT prints them, out of the total
-            left = "" if line else f" | {duration(time_left(*zip(*self.recent), self.bar.total))} left"
+            left = time_left(*zip(*self.recent), self.bar.total, self.every, self.evaluation) if not line else None
+            left = "" if line else f" | {duration(left)} left"
             self.bar.write(f"iter {record['iter']}/{self.bar.total} | {short(record)}{left}")
         else:
             self.bar.set_postfix_str(short(record))  # the bar shows the step, the total and its time left
 
 
-def time_left(steps, times, total):
-    """Seconds to step total at the pace from the first to the last of these steps, done at these wall-clock times:
-    a machine that slows down shows, and an evaluation among them counts (evaluations recur)."""
-    return (total - steps[-1]) * (times[-1] - times[0]) / (steps[-1] - steps[0])
+def time_left(steps, times, total, every, evaluation):
+    """Seconds to step total: the steps left at the pace from the first to the last of these steps, done at these
+    wall-clock times (a machine that slows down shows), and the evaluations left (every `every` steps and at the
+    last) at `evaluation` seconds each."""
+    evaluations = total // every - steps[-1] // every + (total % every > 0)
+    return (total - steps[-1]) * (times[-1] - times[0]) / (steps[-1] - steps[0]) + evaluations * evaluation
 
 
 def duration(seconds):

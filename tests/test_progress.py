@@ -61,11 +61,14 @@ def test_a_log_file_gets_lines_not_a_bar(data_dir, tmp_path):
 
 def test_the_time_left_is_at_the_recent_pace():
     """The arithmetic: the steps left at the pace from the first to the last of the steps and times given, so that a
-    machine that slows down raises the estimate; and the durations as the lines show them."""
+    machine that slows down raises the estimate, and the evaluations left at the last one's time; and the durations
+    as the lines show them."""
     from plumbing.console import duration, time_left
-    assert time_left([0, 10, 20], [0.0, 1.0, 2.0], 100) == 8.0  # 0.1 s a step, 80 steps left
-    assert time_left([0, 10, 20], [0.0, 1.0, 4.0], 100) == 16.0  # slower: 0.2 s a step over the window
-    assert time_left([50, 60], [10.0, 12.0], 100) == 8.0  # resumed at step 50
+    assert time_left([0, 10, 20], [0.0, 1.0, 2.0], 100, 1000, 5.0) == 8.0 + 5.0  # 0.1 s a step, 80 steps left; the
+    assert time_left([0, 10, 20], [0.0, 1.0, 4.0], 100, 1000, 5.0) == 16.0 + 5.0  # last evaluation; slower: 0.2 s
+    assert time_left([50, 60], [10.0, 12.0], 100, 25, 2.0) == 8.0 + 2 * 2.0  # resumed at 50: evaluations at 75, 100
+    assert time_left([50, 60], [10.0, 12.0], 90, 25, 2.0) == 6.0 + 2 * 2.0  # at 75, and at the last step, 90
+    assert time_left([90, 100], [0.0, 1.0], 100, 25, 2.0) == 0.0  # the last evaluation is done
     assert [duration(s) for s in (0, 8.4, 59.6, 432, 3599, 3900, 90061)] == \
         ["0s", "8s", "1m00s", "7m12s", "59m59s", "1h05m", "25h01m"]
 
@@ -77,7 +80,7 @@ def test_the_lines_see_a_machine_that_slows_down(monkeypatch, capsys):
     from plumbing import console
     now = [0.0]
     monkeypatch.setattr(console, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    shown = console.Console(200, 0, True, "header")
+    shown = console.Console(200, 0, True, "header", 100)
     assert shown.bar.disable and capsys.readouterr().out == "header\n"  # no terminal (pytest's): lines
 
     def left(step, seconds):  # the time left on the line of step, `seconds` after the last record
@@ -86,10 +89,11 @@ def test_the_lines_see_a_machine_that_slows_down(monkeypatch, capsys):
         return re.fullmatch(rf"iter {step}/200 \| loss 5 \| {DURATION} left", capsys.readouterr().out.strip())[1]
     assert [left(step, 1) for step in range(10, 60, 10)] == ["19s", "18s", "17s", "16s", "15s"]  # 0.1 s a step
     assert [left(step, 3) for step in range(60, 120, 10)] == ["20s", "23s", "26s", "29s", "30s", "27s"]  # 0.3 s
-    now[0] += 6  # an evaluation of 6 s at step 110
+    now[0] += 6  # an evaluation of 6 s at step 110 (as if --eval_interval were 110)
     shown.record({"iter": 110, "val_loss": 5.0}, line=True)
     assert capsys.readouterr().out == "iter 110/200 | val_loss 5\n"
-    assert left(120, 3) == "34s"  # 21 s over the last 50 steps: 0.42 s a step, 80 steps left
+    # the pace after it, 0.3 s a step, for the 80 steps left, and the one evaluation left (at step 200) at its 6 s
+    assert left(120, 3) == "30s"
 
 
 def test_a_terminal_gets_the_bar(data_dir, tmp_path):
