@@ -212,7 +212,7 @@ def prose_sentences(text):
             prose.append(line)
     body = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", "\n".join(prose))  # a link counts as its words
     paragraphs = [p.replace("\n", " ") for p in re.split(r"\n\s*\n", body) if p.strip() and not p.startswith("#")]
-    return [s for p in paragraphs for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", p) if len(s.split()) > 2]
+    return [s.strip() for p in paragraphs for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", p) if len(s.split()) > 2]
 
 
 def test_the_readme_reads_as_a_first_page():
