@@ -57,6 +57,9 @@ def expected(label, L, H, skip_layers):
         return chain(L)[:-1] + [{L - 1 - K * i for i in range(H) if L - 1 - K * i >= 0}] + head
     if label in ("attnres", "attnres-full"):  # every sublayer, and the output mix, reads every earlier one
         return [set(range(s + 1)) for s in range(2 * L)] + [set(range(2 * L + 1))]
+    if label in ("mhc", "mhc-hc"):  # each sublayer's output goes into the streams (post), which every later sublayer
+        # and the head read (pre, and comb's mix): mHC's weights are all positive, HC's B = 1 writes into every stream
+        return [set(range(s + 1)) for s in range(2 * L)] + [set(range(2 * L + 1))]
     if label in ("aila", "aila-arch1"):  # layer j attends over h_0 .. h_{j-1}
         return [set(range(l + 1)) for l in range(L)] + head
     if label == "skipmiddle":  # eqs. 1-2, gates open: block l's gate sums s_0..s_m of the streams entering
