@@ -204,6 +204,11 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
         if args.logit_lens:
             result["logit_lens"] = [{"layer": l + 1, "loss": loss[l].item(), "p_correct": prob[l].item()}
                                     for l in range(len(loss) - 1)]
+        if args.loss and hasattr(model, "stats"):  # the numbers train.py logs, on the first validation windows
+            T = min(block_size, len(data))
+            x = torch.from_numpy(data[:max(1, min(args.batch_size, len(data) // T)) * T].astype(np.int64))
+            with torch.no_grad(), ctx:
+                result["stats"] = model.stats(x.view(-1, T).to(device))
     if args.mc or args.lm_eval:
         encode, _, _, eot = get_tokenizer(ckpt["meta"]["tokenizer"])
         if args.mc:
@@ -233,6 +238,9 @@ def report(result, model, args):
     if "loss_skip" in result:
         line += f" | loss with skipping {number(result['loss_skip'], '.4f')}"
     print(line)
+    if result.get("stats"):
+        print(f"  stats (model_{result['model']}.py's stats(), as train.py logs them): "
+              + " | ".join(f"{k} {number(v, '.4g')}" for k, v in result["stats"].items()))
     for row in result.get("logit_lens", []):
         print(f"  layer {row['layer']:>2}: loss {number(row['loss'], '.4f')} | "
               f"p(correct) {number(row['p_correct'], '.4f')}")
