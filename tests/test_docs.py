@@ -253,7 +253,7 @@ def test_the_readme_states_what_its_files_hold():
     assert stated(r"a checkpoint every ([\d,]+) steps", quick) == [cfg.eval_interval]
     # the recorded run: the quick start's own command, through to its last step
     record = os.path.join(ROOT, "results", "quickstart")
-    printed = open(os.path.join(record, "train.txt"), encoding="utf-8").read()
+    printed = open(os.path.join(record, "printed.txt"), encoding="utf-8").read()
     log = [json.loads(line) for line in open(os.path.join(record, "log.jsonl"), encoding="utf-8")]
     assert log[-1]["iter"] == cfg.max_iters and log[-1]["tokens"] == tokens, log[-1]
     h, m, s = (int(g or 0) for g in re.search(r"done in (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", printed).groups())
