@@ -245,7 +245,7 @@ def test_the_readme_states_what_its_files_hold():
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     quick, results = (" ".join(readme_section(text, h).split()) for h in ("Quick start", "Results"))
     cfg, shape = train.TrainConfig(), model_vanilla.GPTConfig(vocab_size=257)
-    blocks, width, millions = stated(r"(\d+) blocks of width (\d+), ([\d.]+)M parameters", quick)
+    blocks, width, millions = stated(r"(\d+) blocks of width (\d+), (\d+(?:\.\d+)?)M parameters", quick)
     params = sum(p.numel() for p in model_vanilla.GPT(shape).parameters())
     assert (blocks, width, millions) == (shape.n_layer, shape.n_embd, round(params / 1e6, 1))
     steps, batch, T, tokens = stated(r"([\d,]+) steps of (\d+) x (\d+) tokens, ([\d,]+) tokens in all", quick)
@@ -259,7 +259,7 @@ def test_the_readme_states_what_its_files_hold():
     h, m, s = (int(g or 0) for g in re.search(r"done in (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", printed).groups())
     assert stated(r"about (\d+) minutes on 2 CPU cores", quick) == [round(h * 60 + m + s / 60)]
     loss = round(log[-1]["val_loss"], 2)
-    assert stated(r"validation loss of about ([\d.]+)", quick) == [loss]
+    assert stated(r"validation loss of about (\d+(?:\.\d+)?)", quick) == [loss]
     # the sweep's budget, and how it compares
     saved = json.load(open(os.path.join(ROOT, "results", "results.json"), encoding="utf-8"))
     steps, batch, T, swept = stated(r"([\d,]+) steps of (\d+) x (\d+) tokens, ([\d,]+) tokens", results)
@@ -268,6 +268,6 @@ def test_the_readme_states_what_its_files_hold():
     share = {2: "half", 3: "a third", 4: "a quarter", 8: "an eighth"}[tokens / swept]
     assert f"That is {share} of the quick start's tokens" in results
     vanilla = next(row["mean"] for row in saved["summary"] if row["label"] == "vanilla")
-    assert stated(r"vanilla ends near ([\d.]+) here and ([\d.]+) there", results) == [round(vanilla, 2), loss]
+    assert stated(r"vanilla ends near (\d+(?:\.\d+)?) here and (\d+(?:\.\d+)?) there", results) == [round(vanilla, 2), loss]
     dwa = max(abs(row["delta"]) for row in saved["summary"] if row["label"].startswith("dwa"))
-    assert stated(r"DenseFormer's weighted average stays within ([\d.]+) of vanilla", results) == [round(dwa, 3)]
+    assert stated(r"DenseFormer's weighted average stays within (\d+(?:\.\d+)?) of vanilla", results) == [round(dwa, 3)]

@@ -137,9 +137,9 @@ def test_ctrl_c_stops_prepare_and_its_workers_at_once_in_one_line(tmp_path):
     p = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(text), "--out_dir", str(tmp_path / "data"),
                           "--num_proc=2", "--max_tokens=0"], env=ENV, stderr=subprocess.PIPE,
                          stdout=subprocess.PIPE, start_new_session=True)
-    # into the tokenising, however slow the machine: its data set's temporary folder is there (each of the
-    # 800,000 lines a record to tokenise, far more than fit in the time it takes to see that folder)
-    while not glob.glob(str(tmp_path / "data" / ".big.tmp-*")):
+    # into the tokenising, however slow the machine: the first tokens are in its temporary folder's train.bin (of the
+    # 400,000 documents, far more are left than are tokenised in the time it takes to see them)
+    while not any(os.path.getsize(f) for f in glob.glob(str(tmp_path / "data" / ".big.tmp-*" / "train.bin"))):
         assert p.poll() is None, p.stderr.read().decode()
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group

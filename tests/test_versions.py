@@ -64,11 +64,13 @@ def test_ci_tests_the_versions_listed_here():
         assert part in ci, f".ci/run no longer installs {part}"
 
 
-def test_the_readme_names_the_tested_range():
-    """The install section says which versions CI tests: the floor and the CPU build by number."""
-    text = read("README.md")
+def test_the_install_page_names_the_tested_range():
+    """The install page, which the README links, says which versions CI tests: the floor and the CPU build by
+    number."""
+    assert "(docs/install.md)" in read("README.md")
+    text = read(os.path.join("docs", "install.md"))
     for version in (FLOOR, CPU_BUILD):
-        assert f"torch {version}" in text or f"torch=={version}" in text, f"README.md does not name torch {version}"
+        assert f"torch {version}" in text or f"torch=={version}" in text, f"docs/install.md does not name torch {version}"
 
 
 def test_this_torch_is_in_the_supported_range():
