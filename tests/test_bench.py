@@ -309,6 +309,7 @@ def test_gpu_tables_commands_parse_with_their_scripts(capsys):
         gpu_tables.main(["--dry_run", "--parts", "compiled,train"])
 
 
+@pytest.mark.slow  # (the default tier: at most 7 times a 100-step quick start)
 def test_gpu_tables_first_phase_reports_what_failed(capsys, tmp_path):
     """The first phase runs its processes side by side and says how each ended: a failed count fails its part (the
     command then fails), which is then not merged; a failed compile is only reported (its timed part compiles again
@@ -325,6 +326,7 @@ def test_gpu_tables_first_phase_reports_what_failed(capsys, tmp_path):
     assert out.count("error: --size huge is not one of") == 4  # each one's own message
 
 
+@pytest.mark.slow  # (the default tier: at most 7 times a 100-step quick start)
 def test_gpu_tables_counts_a_label_a_process_and_merges_them_into_one_run_s_file(capsys, tmp_path):
     """A counting part counted a label a process, side by side, then merged: the file is byte for byte the one
     that the part's command writes in one process (its command included, which names that command), and the merge

@@ -215,6 +215,7 @@ def test_ablation_options_are_checked(data_dir):
             sweep.main([f"--data_dir={data_dir}", "--table_only", *bad])
 
 
+@pytest.mark.slow  # (the default tier: at most 7 times a 100-step quick start)
 def test_every_ablation_on_a_tiny_run(tiny_data, tmp_path):
     """One command for all four, a few points each, two seeds: vanilla is trained once per seed and copied into
     the other ablations; each gets its results.json, RESULTS.md (In progress while points are missing) and figure."""
@@ -292,6 +293,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # (the default tier: at most 7 times a 100-step quick start)
 def test_two_sweeps_at_once_into_one_results_folder_keep_every_run(tiny_data, tmp_path):
     """Two sweeps at once into one --results folder, each training a seed of its own (two processes): the first
     holds its write of results.json until the second has written its run, or waits to; every run that either
