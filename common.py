@@ -236,7 +236,8 @@ def describe_run(ckpt):
 
 def close_gates(model, first):
     """Every token's gate 0 from gate `first` on: a bias of 2 there puts the soft mask S (eq. 1) at 2 >= 1 for it
-    and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first+1 to L-first (counted from 1)."""
+    and every later gate (S only grows), so g = 1 - clamp(S, 0, 1) = 0 (eq. 2) in blocks first+1 to L-first (counted
+    from 1)."""
     check_close_gates(first, len(model.gates))
     with torch.no_grad():
         for gate in model.gates:

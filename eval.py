@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from analysis.curves import curves
-from analysis.depth_map import (at_start, depth_map_layout, format_depth_map, plot_depth_map, read_depth_map,
-                                start_note)
+from analysis.depth_map import (at_start, depth_map_layout, first_windows, format_depth_map, plot_depth_map,
+                                read_depth_map, start_note)
 from analysis.figures import DEPTH_MAP_AND_WIRING, FIGURE_FIX, pyplot_for, run_folder, save_png
 from analysis.scoring import import_lm_eval, multiple_choice, read_mc, read_task_file, run_lm_eval
 from analysis.wiring import draw_wiring
@@ -205,10 +205,8 @@ def evaluate_checkpoint(out_dir, args, mc_items, device, ctx, plt):
             result["logit_lens"] = [{"layer": l + 1, "loss": loss[l].item(), "p_correct": prob[l].item()}
                                     for l in range(len(loss) - 1)]
         if args.loss and hasattr(model, "stats"):  # the numbers train.py logs, on the first validation windows
-            T = min(block_size, len(data))
-            x = torch.from_numpy(data[:max(1, min(args.batch_size, len(data) // T)) * T].astype(np.int64))
             with torch.no_grad(), ctx:
-                result["stats"] = model.stats(x.view(-1, T).to(device))
+                result["stats"] = model.stats(first_windows(data, block_size, args.batch_size, device))
     if args.mc or args.lm_eval:
         encode, _, _, eot = get_tokenizer(ckpt["meta"]["tokenizer"])
         if args.mc:

@@ -18,12 +18,17 @@ def read_depth_map(model, model_name, data, block_size, batch_size, device, ctx)
     if not hasattr(model, "depth_map"):
         raise ConfigError(f"model_{model_name}.py has no depth_map(): it learns no cross-layer weights to show; "
                           "--depth_map applies to the models whose file defines one")
+    with ctx:
+        m = model.depth_map(first_windows(data, block_size, batch_size, device))
+    return m.detach().float().cpu()
+
+
+def first_windows(data, block_size, batch_size, device):
+    """The first validation windows (B, T) of data, as many as a batch holds (at least one), for the hooks that
+    compute on a batch they are given: depth_map(), stats()."""
     T = min(block_size, len(data))
     n = max(1, min(batch_size, len(data) // T))
-    x = torch.from_numpy(data[:n * T].astype(np.int64)).view(n, T).to(device)
-    with ctx:
-        m = model.depth_map(x)
-    return m.detach().float().cpu()
+    return torch.from_numpy(data[:n * T].astype(np.int64)).view(n, T).to(device)
 
 
 def row_labels(n_rows, n_layer):

@@ -39,8 +39,8 @@ class Console:
         else:
             self.recent = [*self.recent[-5:], (record["iter"], now)]
         if line or self.bar.disable:  # as nanoGPT prints them, out of the total
-            left = time_left(*zip(*self.recent), self.bar.total, self.every, self.evaluation) if not line else None
-            left = "" if line else f" | {duration(left)} left"
+            rest = self.bar.total, self.every, self.evaluation
+            left = "" if line else f" | {duration(time_left(*zip(*self.recent), *rest))} left"
             self.bar.write(f"iter {record['iter']}/{self.bar.total} | {short(record)}{left}")
         else:
             self.bar.set_postfix_str(short(record))  # the bar shows the step, the total and its time left

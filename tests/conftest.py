@@ -59,8 +59,8 @@ def one_thread():
 
 def run_script(script, args, capsys, mode="", cwd=None):
     """(exit code, stdout, stderr) of `python script args` (train.py), or of `python -m tools.bench args` for a script
-    in a folder (tools/bench.py), from cwd (default: the suite's own folder): its real __main__ block run here, or with mode
-    SUB in a subprocess."""
+    in a folder (tools/bench.py), from cwd (default: the suite's own folder): its real __main__ block run here, or
+    with mode SUB in a subprocess."""
     module = script[:-3].replace("/", ".") if "/" in script else None
     if mode == SUB:
         args = [a if isinstance(a, bytes) else str(a) for a in args]

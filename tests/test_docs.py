@@ -184,7 +184,8 @@ def test_the_readme_defines_each_term_before_it_uses_it():
     """(a phrase that uses a term, the phrase that defines it): the first use is not before the definition."""
     text = " ".join(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().split())
     pairs = [("attnres", "`--model NAME` trains `model_NAME.py`"), ("skip-middle", "(skip-middle)"),
-             ("block L+1−l", "that block's mirror, block L+1−l"), ("ALA(", "ALA(−), the name the Vertical Attention"),
+             ("block L+1−l", "that block's mirror, block L+1−l"),
+             ("ALA(", "ALA(−), the name the Vertical Attention"),
              ("‖h‖", "‖h‖ its length"), ("U-Net", "U-Net (every block reads"), ("I-Net", "I-Net (every block reads"),
              ("aila-arch1", "(its architecture 1)"), ("architecture 2", "(the paper's architecture 2"),
              (" L ", " L is the number of blocks"), (" d ", " d is the width of the residual stream")]
@@ -268,6 +269,7 @@ def test_the_readme_states_what_its_files_hold():
     share = {2: "half", 3: "a third", 4: "a quarter", 8: "an eighth"}[tokens / swept]
     assert f"That is {share} of the quick start's tokens" in results
     vanilla = next(row["mean"] for row in saved["summary"] if row["label"] == "vanilla")
-    assert stated(r"vanilla ends near (\d+(?:\.\d+)?) here and (\d+(?:\.\d+)?) there", results) == [round(vanilla, 2), loss]
+    assert stated(r"vanilla ends near (\d+(?:\.\d+)?) here and (\d+(?:\.\d+)?) there", results) == \
+        [round(vanilla, 2), loss]
     dwa = max(abs(row["delta"]) for row in saved["summary"] if row["label"].startswith("dwa"))
     assert stated(r"DenseFormer's weighted average stays within (\d+(?:\.\d+)?) of vanilla", results) == [round(dwa, 3)]

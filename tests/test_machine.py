@@ -32,8 +32,8 @@ def run(args, limit=None, env=ENV, **kwargs):
         def set_limit():
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     args = [a if isinstance(a, bytes) else str(a) for a in args]
-    p = subprocess.run([sys.executable, os.path.join(ROOT, args[0]), *args[1:]], capture_output=True, env=env, timeout=300,
-                       preexec_fn=set_limit, **kwargs)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, args[0]), *args[1:]], capture_output=True, env=env,
+                       timeout=300, preexec_fn=set_limit, **kwargs)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
@@ -134,8 +134,8 @@ def test_a_closed_pipe_ends_quietly(tiny_run, tiny_data, script):
 def test_ctrl_c_stops_prepare_and_its_workers_at_once_in_one_line(tmp_path):
     text = tmp_path / "big.txt"
     text.write_text("All the world's a stage, and all the men and women merely players.\n\n" * 400_000)
-    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(text), "--out_dir", str(tmp_path / "data"),
-                          "--num_proc=2", "--max_tokens=0"], env=ENV, stderr=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "prepare.py"), "--files", str(text), "--out_dir",
+                          str(tmp_path / "data"), "--num_proc=2", "--max_tokens=0"], env=ENV, stderr=subprocess.PIPE,
                          stdout=subprocess.PIPE, start_new_session=True)
     # into the tokenising, however slow the machine: the first tokens are in its temporary folder's train.bin (of the
     # 400,000 documents, far more are left than are tokenised in the time it takes to see them)

@@ -73,8 +73,8 @@ def test_a_new_model_file_is_found_by_every_script(new_model, tiny_data, tmp_pat
     tools = subprocess.Popen([sys.executable, "-c", TOOLS], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     # train.py's --model choices are made when it is imported: a process of its own, as a learner runs it
-    trained = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--model", name, "--data_dir", str(tiny_data),
-                              "--out_dir", str(run), "--max_iters=2", "--eval_interval=2", *TINY],
+    trained = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--model", name, "--data_dir",
+                              str(tiny_data), "--out_dir", str(run), "--max_iters=2", "--eval_interval=2", *TINY],
                              env=env, capture_output=True, text=True, timeout=300)
     out, err = tools.communicate(timeout=300)
     assert trained.returncode == 0, trained.stderr

@@ -70,7 +70,8 @@ def test_the_install_page_names_the_tested_range():
     assert "(docs/install.md)" in read("README.md")
     text = read(os.path.join("docs", "install.md"))
     for version in (FLOOR, CPU_BUILD):
-        assert f"torch {version}" in text or f"torch=={version}" in text, f"docs/install.md does not name torch {version}"
+        assert f"torch {version}" in text or f"torch=={version}" in text, \
+            f"docs/install.md does not name torch {version}"
 
 
 def test_this_torch_is_in_the_supported_range():
