@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ROOT
 from tools import sweep
@@ -115,6 +116,10 @@ def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp
         assert r["steps"] == 4 and math.isfinite(r["val_loss"]) and r["val_tokens"] == 4095
         assert [p[0] for p in r["curve"]] == [0, 2 * 2 * 32, 4 * 2 * 32]  # tokens seen at each evaluation
         assert 0 < r["cpu_seconds"]
+        # the stats() train.py logged at each evaluation (vertical: its map's entropy; vanilla has none)
+        assert [p[0] for p in r["stats_curve"]] == [p[0] for p in r["curve"]]
+        assert all(("va_entropy" in p[1]) == (r["label"] == "vertical") for p in r["stats_curve"])
+        assert r["machine"].startswith("CPU (") and f"torch {torch.__version__}" in r["machine"]
     by = {r["label"]: r for r in rows}
     losses = {(r["label"], r["seed"]): r["val_loss"] for r in saved["runs"]}
     assert by["vertical"]["delta"] == pytest.approx(((losses["vertical", 1337] - losses["vanilla", 1337]) +

@@ -324,7 +324,7 @@ def run_sweeps(sweeps, header, args, device, meta, argv):
                     done = sum(k in saved for runs in s["plan"].values() for *_, k in runs)
                     print(f"training {s['name'] or 'main'}: {label}, seed {seed} ({done + 1} of "
                           f"{sum(map(len, s['plan'].values()))})", file=sys.stderr)
-                    record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta)
+                    record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta, machine(header))
                     trained += 1
                 known[key] = record
                 save_run(s, record, header, argv)
@@ -343,7 +343,12 @@ def run_sweeps(sweeps, header, args, device, meta, argv):
 
 # ---- one run: train (or finish) it, then evaluate it on the whole validation split
 
-def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
+def machine(header):
+    """The machine a run is trained on, as a record and the table name it: hardware, dtype, torch."""
+    return f"{header['hardware']}, {header['dtype']}, torch {header['torch']}"
+
+
+def train_and_evaluate(label, seed, options, key, args, device, ctx, meta, machine):
     """Train one (label, seed) run with the shared budget (or finish it), then evaluate the whole val split."""
     out_dir = os.path.join(args.runs_dir, f"{label}-seed{seed}-{key}")
     path = os.path.join(out_dir, "ckpt.pt")
@@ -366,19 +371,23 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta):
     if not math.isfinite(loss[-1].item()):  # a table shows no NaN as a number: the run is refused, not recorded
         raise ConfigError(f"the run {printable(out_dir)} has a validation loss that is not finite ({loss[-1].item()}); "
                           f"delete its folder and check --train_args, or leave {label} out of --runs")
-    evals, log, fix = {}, os.path.join(out_dir, "log.jsonl"), "delete the run's folder to train it again"
+    evals, logged, log, fix = {}, {}, os.path.join(out_dir, "log.jsonl"), "delete the run's folder to train it again"
     for n, line in enumerate(read_text(log, "the run's log", fix).splitlines(), 1):  # a repeated step: the last wins
         with handling(log, fix):
             record = check_record(LogRecord, parse_json(line), f"the run's log {log} line {n}", fix)
         if "val_loss" in record:
             evals[record["iter"]] = record["val_loss"]
+            logged[record["iter"]] = {k: v for k, v in record.items()  # the model file's stats() at that evaluation
+                                      if k not in ("iter", "val_loss", "tokens") and number(v)}
     return {"label": label, "seed": seed, "key": key, "options": options,
             "val_loss": loss[-1].item(), "val_tokens": count, "steps": ckpt["iter_num"],
             "tokens_seen": ckpt["iter_num"] * args.batch_size * T, "train_seconds": round(seconds, 1),
             "cpu_seconds": round(time.process_time() - cpu0, 1),
             "params": sum(p.numel() for p in model.parameters()),
             "stats": model_stats(model, val, T, args.eval_batch_size, device, ctx),
-            "curve": [[it * args.batch_size * T, v] for it, v in sorted(evals.items())]}
+            "curve": [[it * args.batch_size * T, v] for it, v in sorted(evals.items())],
+            "stats_curve": [[it * args.batch_size * T, logged[it]] for it in sorted(evals)],
+            "machine": machine}
 
 
 @torch.no_grad()
@@ -415,11 +424,15 @@ class Run:
     stats: dict = option(None, "the model file's stats(): numbers, or null", required=True)
     curve: list = option(None, "[tokens seen, validation loss] at each evaluation", required=True)
     cpu_seconds: float = option(0.0, "this process's CPU time, training and evaluation", min=0)
+    stats_curve: list = option(None, "[tokens seen, the model file's stats() logged there] at each evaluation")
+    machine: str = option("", "the hardware, dtype and torch that trained it")
     reused: bool = option(False, "copied from another results.json under the same key")
 
     def __post_init__(self):
         each(self, "stats", lambda v: v is None or number(v), "a number or null")
         each(self, "curve", lambda p: type(p) is list and len(p) == 2 and all(map(number, p)), "a pair of numbers")
+        each(self, "stats_curve", lambda p: type(p) is list and len(p) == 2 and number(p[0]) and type(p[1]) is dict
+             and all(map(number, p[1].values())), "a pair of tokens seen and an object of numbers")
 
 
 def read_sweep(json_path):
@@ -564,7 +577,7 @@ def results_table(sweep, rows, runs, header, n_planned):
     lines += [
         "| how the table was made | |", "|---|---|",
         f"| command | `python {shlex.join(header['command'])}` |",
-        f"| machine | {header['hardware']}, {header['dtype']}, torch {header['torch']} |",
+        f"| machine | {machine(header)} |",
         f"| model | {header['size']} shape ({', '.join(f'{k} {v}' for k, v in shape.items())}) |",
         f"| data | `{header['dataset']}`, {steps} steps of {batch} x {shape['block_size']} tokens "
         f"({steps * batch * shape['block_size']:,} tokens) |",
