@@ -154,14 +154,18 @@ def test_export_then_import_is_the_identity(arch, imported, data_dir, tmp_path, 
 CLAIMS = {"vanilla": "function-preserving, exactly", "attnres": "function-preserving up to the norms' eps",
           "vertical": "not function-preserving", "skiplayer": "not function-preserving",
           "aila": "not function-preserving", "skipmiddle": "not function-preserving",
-          "dwa": "function-preserving, exactly", "mhc": "not function-preserving"}
+          "dwa": "function-preserving, exactly", "mhc": "not function-preserving",
+          "value": "not function-preserving", "mudd": "not function-preserving"}
 # other settings whose claim a docstring also states
 MORE = {"skiplayer": [(dict(skip_heads=0), "function-preserving, exactly")],
         "attnres": [(dict(attn_res="full"), "function-preserving up to the norms' eps"),
                     (dict(recency_bias=3.0), "not function-preserving")],
         "dwa": [(dict(dwa_map=m), "function-preserving, exactly") for m in ("x0", "unet")]
         + [(dict(dwa_dilation=2, dwa_period=2), "function-preserving, exactly")],
-        "mhc": [(dict(hc_kind="hc"), "function-preserving, exactly")]}
+        "mhc": [(dict(hc_kind="hc"), "function-preserving, exactly")],
+        "value": [(dict(value_lambda1=0.0, value_lambda2=1.0), "function-preserving, exactly"),
+                  (dict(value_mode="learned"), "not function-preserving"),
+                  (dict(value_mode="embed"), "not function-preserving")]}
 
 
 def start_from(name, folder, meta, **overrides):

@@ -44,7 +44,7 @@ def vertical_fixed(kind, L):
 def expected(label, L, H, skip_layers):
     """Each panel's rows as its paper states them (the head's row last), by the label of its caption."""
     head = [{L}]
-    if label in ("vanilla", "skipmiddle-dense") or label.split("-")[0] == "dwa":  # DWA starts at the identity
+    if label in ("vanilla", "skipmiddle-dense") or label.split("-")[0] in ("dwa", "mudd"):  # both start as vanilla
         return chain(L) + head
     if label == "vertical":  # eq. 4: v^l mixes every source 1..l
         return [set(range(l + 1)) for l in range(L)] + head
@@ -60,6 +60,10 @@ def expected(label, L, H, skip_layers):
     if label in ("mhc", "mhc-hc"):  # each sublayer's output goes into the streams (post), which every later sublayer
         # and the head read (pre, and comb's mix): mHC's weights are all positive, HC's B = 1 writes into every stream
         return [set(range(s + 1)) for s in range(2 * L)] + [set(range(2 * L + 1))]
+    if label in ("value", "value-learned"):  # block l >= 2 mixes in V_1, the values block 1 computes of the embedding
+        return [{0, l} for l in range(L)] + head
+    if label == "value-embed":  # a token table is no earlier representation: the chain
+        return chain(L) + head
     if label in ("aila", "aila-arch1"):  # layer j attends over h_0 .. h_{j-1}
         return [set(range(l + 1)) for l in range(L)] + head
     if label == "skipmiddle":  # eqs. 1-2, gates open: block l's gate sums s_0..s_m of the streams entering
