@@ -44,7 +44,7 @@ def format_depth_map(m, n_layer, layout=None, decimals=2):
     Tables 5-7), labelled as depth_map_layout() says; a cell the row cannot read is blank. A learned map (a layout
     with a start) then says where training starts it and prints a second table: each weight's change from its
     start, each row labelled with its start."""
-    labels = row_labels(m.size(0), n_layer)
+    labels = layout["rows"] if layout else row_labels(m.size(0), n_layer)
     columns = layout["columns"] if layout else [str(c) for c in range(m.size(1))]
     valid = layout["valid"] if layout else torch.ones(m.shape, dtype=torch.bool)
     lines = table(labels, columns, m, valid, lambda v: f"{round(v, decimals) + 0.0:.{decimals}f}")  # never -0.00
@@ -99,13 +99,14 @@ def row_starts(start, valid, columns):
 
 def depth_map_layout(model, m):
     """How to draw the matrix m of model.depth_map(), as its file's depth_map_layout() declares it (docs/contract.md),
-    over these defaults: columns (tick labels: "emb" = the embedding, j = block j's output, or what the model's
-    columns are), xlabel, cbar (what a cell holds), valid (bool, rows x columns: the cells a row reads; a row never
-    reads a later block's output), signed (weights of either sign: a scale centred on 0, as also where m holds a
-    negative weight), and start with start_text (a learned map: where training starts it, so that an untrained map
-    is recognised; None for a map that is not trained)."""
+    over these defaults: rows (labels: "block l", or a sublayer's), columns (tick labels: "emb" = the embedding, j =
+    block j's output, or what the model's columns are), xlabel, cbar (what a cell holds), valid (bool, rows x
+    columns: the cells a row reads; a row never reads a later block's output), signed (weights of either sign: a
+    scale centred on 0, as also where m holds a negative weight), and start with start_text (a learned map: where
+    training starts it, so that an untrained map is recognised; None for a map that is not trained)."""
     rows, cols = m.shape
-    layout = dict(columns=[str(c) for c in range(cols)], xlabel="source", cbar="weight", signed=False, start=None,
+    layout = dict(rows=row_labels(rows, model.config.n_layer), columns=[str(c) for c in range(cols)],
+                  xlabel="source", cbar="weight", signed=False, start=None,
                   valid=torch.ones(rows, cols, dtype=torch.bool), start_text="start")
     if hasattr(model, "depth_map_layout"):
         layout.update(model.depth_map_layout())
@@ -137,7 +138,7 @@ def plot_depth_map(plt, m, n_layer, layout, title, path):
     rows, cols = m.shape
     valid = layout["valid"]
     start = start_of(m, layout)
-    labels = row_labels(rows, n_layer)
+    labels = layout["rows"]
     width = min(max(6.0, 3.5 + 0.6 * cols), 16)
     if start is not None:  # two panels side by side, the second as wide as the first
         width = min(2 * width - 1.0, 22)
