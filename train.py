@@ -26,7 +26,7 @@ import torch
 from common import DTYPES, SIZES, autocast, peak_flops, resolve_device, resolve_dtype, synchronize
 from hf import convert
 from plumbing.config import build_model, check_model_args, model_names, option
-from plumbing.console import Console, duration
+from plumbing.console import Console, bar_note, duration
 from plumbing.errors import (ConfigError, arg, catch_stop_signals, diverged, handling, main_boundary, naming, note,
                              printable, stopped)
 from plumbing.files import (LOCK, check_run, note_changes, open_split, read_checkpoint, read_meta, read_resume,
@@ -37,7 +37,9 @@ from plumbing.options import parse_model_options
 @dataclasses.dataclass
 class TrainConfig:
     # I/O
-    model: str = option("vanilla", "the architecture: loads model_<model>.py", choices=tuple(model_names()))
+    model: str = option("vanilla", "the architecture: loads model_<model>.py; a label of the tables, <model>-<variant>, "
+                        "is that file with its variant's options (mhc-hc: model_mhc.py, --hc_kind hc); one of: "
+                        + ", ".join(model_names()) + " (python -m tools.sweep --help lists the labels)")
     out_dir: str = option("out", "the run's folder: ckpt.pt, log.jsonl", path="out")  # made where the run starts
     resume: bool = option(False, "continue the run saved in out_dir")
     size: str = option("", "a shape of the Vertical Attention paper's Table 2; '' = the model file's own",
@@ -88,8 +90,9 @@ def parse_args(argv):
     cfg, model_args, module, explicit = parse_model_options(TrainConfig, argv, __doc__)
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.resume and "model" not in explicit and os.path.isfile(path):  # a resumed run is the checkpoint's model
-        saved = read_checkpoint(path, mmap=True)["model_name"]
-        cfg, model_args, module, explicit = parse_model_options(TrainConfig, [*argv, f"--model={saved}"], __doc__)
+        saved = read_checkpoint(path, mmap=True)
+        label = saved.get("label", saved["model_name"])  # (a checkpoint of an older train.py has no label)
+        cfg, model_args, module, explicit = parse_model_options(TrainConfig, [*argv, f"--model={label}"], __doc__)
     if cfg.size:  # the shape of Table 2, with the model file's own settings for it, where no option set them
         sized = {**SIZES[cfg.size], **getattr(module, "SIZE_DEFAULTS", {}).get(cfg.size, {})}
         model_args = {**model_args, **{k: v for k, v in sized.items() if k not in explicit}}
@@ -267,7 +270,9 @@ class Log:
                     "device": str(proc.device), "dtype": proc.dtype, "tokens_per_step": self.tokens_per_step}
         self.flops, self.peak = raw_model.flops_per_token(T), peak_flops(proc.device, cfg.peak_flops) * proc.world
         self.seconds, self.tokens, self.t0, self.tokens_seen = 0.0, 0, None, tokens_seen
-        header = (f"model_{cfg.model}.py: {sum(p.numel() for p in raw_model.parameters()):,} parameters | "
+        header = (f"model_{type(raw_model).__module__[6:]}.py"
+                  f"{f' ({cfg.model})' if cfg.model != type(raw_model).__module__[6:] else ''}: "
+                  f"{sum(p.numel() for p in raw_model.parameters()):,} parameters | "
                   f"{f'resumes at step {start:,} | ' if cfg.resume else ''}"
                   f"{proc.world} process(es) x {proc.accum} micro-steps x {cfg.batch_size} x {T} tokens | "
                   f"{proc.device} {proc.dtype}")
@@ -318,6 +323,7 @@ def resumed(cfg, proc, explicit, ckpt, T):
         cfg = dataclasses.replace(cfg, lr_decay_iters=horizon)  # which the next checkpoint saves again
         note(f"the run keeps its learning-rate schedule: the cosine reaches --min_lr at step {horizon} as saved, not "
              f"at --max_iters {cfg.max_iters}; pass --lr_decay_iters to set another step")
+    cfg = dataclasses.replace(cfg, model=ckpt.get("label", cfg.model))  # its label: --model mhc resumes mhc-hc
     note_changes(cfg, ckpt, lr_factor)  # what the options change of the saved run: its data, schedule, ...
     # the global batch it was saved with, shared by this run's processes, so that it reads the windows the
     # uninterrupted run would have (--gradient_accumulation_steps sets a new one)
@@ -365,7 +371,8 @@ def save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, p
     rng = rng_states(proc.device, proc.world)  # collective under DDP
     if proc.rank == 0:
         save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), {
-            "model_name": cfg.model, "model_args": model_args, "train_config": dataclasses.asdict(cfg),
+            "model_name": type(raw_model).__module__[6:], "label": cfg.model, "model_args": model_args,
+            "train_config": dataclasses.asdict(cfg),
             "run": log.run, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
             "iter_num": iter_num, "tokens_seen": log.tokens_seen, "best_val_loss": best_val,
             "meta": meta, "rng": rng})
@@ -390,7 +397,19 @@ def restore(raw_model, optimizer, ckpt, cfg, proc):
         g["base_lr"] = base  # a resumed run follows this run's learning-rate options
 
 
-# ---- the run: every check and decision, then the loop, which Ctrl-C and SIGTERM stop between two steps
+def stop_now(stop, iter_num, cfg, proc):
+    """Whether the run stops before step iter_num: Ctrl-C or SIGTERM came since the last step. Under DDP the ranks
+    agree, at each logged step (an all-reduce where they synchronise anyway), so that they save and stop together."""
+    if proc.world == 1:
+        return bool(stop)
+    if iter_num % cfg.log_interval:
+        return False
+    asked = torch.tensor(float(bool(stop)), device=proc.device)
+    torch.distributed.all_reduce(asked)  # a sum: any rank's request
+    return asked.item() > 0
+
+
+# ---- the run: every check and decision, then the loop, which Ctrl-C and SIGTERM stop between two steps, saved
 
 def main(argv):
     cfg, model_args, module, explicit = parse_args(argv)
@@ -460,11 +479,14 @@ def run(cfg, model_args, explicit, proc, data, raw_model, optimizer, meta, iter_
              "--warmup_iters for a run that does")
     if proc.rank == 0 and set(os.listdir(cfg.out_dir)) - {LOCK}:  # an earlier run's files: its log up to the step
         settle_log(cfg.out_dir, saved_step)
+    stop, handlers = catch_stop_signals(bar_note)  # from here Ctrl-C and SIGTERM stop the run after a step, saved
     log = Log(cfg, model_args, raw_model, proc, iter_num, tokens_seen)
-    stop, handlers = catch_stop_signals()
     try:
         while True:
-            if stop:  # Ctrl-C or SIGTERM since the last step
+            if stop_now(stop, iter_num, cfg, proc):  # Ctrl-C or SIGTERM since the last step: keep it, then stop
+                if iter_num != saved_step:
+                    save(raw_model, optimizer, cfg, model_args, meta, log, iter_num, best_val, proc)
+                    saved_step = iter_num
                 raise KeyboardInterrupt
             # ---- evaluate and checkpoint once in a while (a resumed run has both for its first step already)
             if (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and iter_num != saved_step:

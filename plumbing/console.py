@@ -3,6 +3,7 @@ Plumbing a learner may skip: what train.py shows while it trains. A progress bar
 one (a cluster's log file, `> log.txt 2>&1`) every record a line of its own, with the step out of the total and the
 time left. A statistic of every block or gate in short (log.jsonl keeps each figure); Weights & Biases on --wandb_log.
 """
+import os
 import re
 import sys
 import time
@@ -44,6 +45,16 @@ class Console:
             self.bar.write(f"iter {record['iter']}/{self.bar.total} | {short(record)}{left}")
         else:
             self.bar.set_postfix_str(short(record))  # the bar shows the step, the total and its time left
+
+
+
+
+def bar_note(text):
+    """A note on a line of its own above the progress bar, where one is drawn (tqdm clears the bar's line, writes the
+    note, and draws the bar again); under torchrun rank 0's."""
+    if os.environ.get("RANK", "0") == "0":
+        from tqdm import tqdm
+        tqdm.write(f"note: {text}", file=sys.stderr)
 
 
 def time_left(steps, times, total, every, evaluation):

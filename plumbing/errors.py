@@ -186,16 +186,17 @@ def error_line(e, memory_fix):
 
 # ---- a training run that stops: the one line it ends in, and what it keeps
 
-def catch_stop_signals():
+def catch_stop_signals(say=note):
     """(stop requests, the previous handlers): Ctrl-C and SIGTERM append to the list, read between two steps (a
-    KeyboardInterrupt where the signal lands can be swallowed by a library's cleanup); a second interrupts at once."""
+    KeyboardInterrupt where the signal lands can be swallowed by a library's cleanup), and say(text) says so at once
+    (train.py: on a line of its own, above the progress bar); a second interrupts at once."""
     stop = []
 
     def handler(signum, frame):
         if stop:
             raise KeyboardInterrupt
         stop.append(signum)
-        note("stopping after this step (the last checkpoint is kept); press Ctrl-C again to stop now")
+        say("stopping after this step, which is saved; press Ctrl-C again to stop now (the last checkpoint is kept)")
     return stop, {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 

@@ -3,8 +3,10 @@ Nothing already saved is lost: log.jsonl is append-only (records after a checkpo
 and a second run in the same folder is refused."""
 import json
 import os
+import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -228,9 +230,77 @@ def test_an_interrupted_run_says_where_it_stopped_in_one_line(sig, data, tmp_pat
     _, err = proc.communicate(timeout=60)
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 1 and "Traceback" not in err and len(lines) == 1, err
-    assert "interrupted at step" in lines[0] and "the checkpoint of step 0 is kept" in lines[0], lines[0]
+    step = int(re.search(r"interrupted at step (\d+);", lines[0]).group(1))
+    assert step > 0 and f"the checkpoint of step {step} is kept" in lines[0], lines[0]  # the step it stopped at
     assert "stopping after this step" in err  # said at once, while the step still runs
-    assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 0
+    saved = torch.load(out / "ckpt.pt", weights_only=False)
+    assert saved["iter_num"] == step and saved["tokens_seen"] == step * 4 * 32
+    assert [r["iter"] for r in records(out / "log.jsonl") if "loss" in r][-1] <= step
+
+
+def pty_run(argv, until, then=None, timeout=120):
+    """The output of `python train.py argv` in a terminal (a pseudo-terminal: tqdm draws its bar there), read until
+    until(output) holds, then then(proc, output) (a signal), then to the end; (exit code, output)."""
+    import select
+    import fcntl
+    import termios
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *map(str, argv)], stdin=slave,
+                            stdout=slave, stderr=slave)
+    os.close(slave)
+    out, acted, deadline = b"", False, time.time() + timeout
+    while time.time() < deadline:
+        if not acted and until(out.decode("utf-8", "replace")):
+            then(proc, out.decode("utf-8", "replace"))
+            acted = True
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: the process is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None and acted:
+            break
+    os.close(master)
+    return proc.wait(timeout=60), out.decode("utf-8", "replace")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a terminal: a pseudo-terminal (POSIX)")
+def test_in_a_terminal_the_stop_note_starts_a_line_of_its_own(data, tmp_path):
+    """The bar holds its line; the note Ctrl-C prints clears it first, and the bar is drawn again below."""
+    code, out = pty_run(["--data_dir", data, "--out_dir", tmp_path / "run", *TINY, "--max_iters=100000",
+                         "--eval_interval=100000"], lambda out: re.search(r" [1-9]\d*/100000 \[", out),
+                        lambda proc, out: proc.send_signal(signal.SIGINT))
+    pieces = re.split(r"[\r\n]", out)  # what a terminal shows on each line, the last carriage return's
+    notes = [p for p in pieces if "stopping after this step" in p]
+    assert code == 1 and notes and all(p.startswith("note: stopping after this step") for p in notes), out[-2000:]
+
+
+@pytest.mark.slow  # a checkpoint big enough to be caught while it is written: about 20 s
+@pytest.mark.skipif(sys.platform == "win32", reason="a terminal: a pseudo-terminal (POSIX)")
+def test_a_second_ctrl_c_during_the_stop_save_keeps_the_previous_checkpoint(data, tmp_path):
+    """Ctrl-C saves the step it stopped at; a second Ctrl-C while that checkpoint is written stops at once, and the
+    checkpoint of the step before stays whole, with no temporary file left beside it."""
+    out = tmp_path / "run"
+    big = ["--n_layer=4", "--n_embd=1024", "--n_head=8", "--n_kv_head=8", "--ffn_hidden=4096", "--block_size=32",
+           "--batch_size=1", "--eval_iters=1", "--device=cpu", "--eval_interval=100000", "--max_iters=100000"]
+    first = lambda text: re.search(r" [1-9]\d*/100000 \[", text)  # noqa: E731 (step 0 saved, steps running)
+    before = {}
+
+    def twice(proc, text):
+        before["ckpt"] = torch.load(out / "ckpt.pt", weights_only=False)["iter_num"]
+        proc.send_signal(signal.SIGINT)
+        deadline = time.time() + 120
+        while not list(out.glob("ckpt.pt.tmp-*")) and time.time() < deadline:  # the stop's save has begun
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+    code, text = pty_run(["--data_dir", data, "--out_dir", out, *big], first, twice, timeout=300)
+    assert code == 1 and "Traceback" not in text, text[-2000:]
+    assert before["ckpt"] == 0 and torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 0
+    assert not list(out.glob("ckpt.pt.tmp-*")) and "the checkpoint of step 0 is kept" in text
 
 
 def test_only_leading_arguments_are_preset_files(data, tmp_path, monkeypatch, capsys):
@@ -309,6 +379,38 @@ def test_a_killed_process_of_a_torchrun_run_is_one_line(data, tmp_path):
     assert "[rank" not in err  # no worker's traceback (torchrun's own report of the killed worker follows)
     read_checkpoint(str(run / "ckpt.pt"))
     assert all("iter" in r for r in records(run / "log.jsonl"))
+
+
+@pytest.mark.slow  # torchrun, two processes
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="a terminal's Ctrl-C to a process group needs os.killpg (POSIX)")
+def test_ctrl_c_stops_both_processes_of_a_torchrun_run_at_one_saved_step(data, tmp_path):
+    """Ctrl-C in the terminal reaches torchrun and both workers: the ranks agree on the next logged step, save it
+    together and stop; the checkpoint holds that step, and --resume goes on from it."""
+    run = tmp_path / "run"
+    args = [os.path.join(ROOT, "train.py"), "--data_dir", str(data), "--out_dir", str(run), "--eval_interval=100000",
+            "--eval_iters=1", "--batch_size=2", "--log_interval=5", *TINY]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args,
+                             "--max_iters=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while len([r for r in records(run / "log.jsonl") if "loss" in r]) < 2:  # steps 5 and 10 logged
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "timeout"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "[rank" not in err, err[-3000:]
+    step = int(re.search(r"interrupted at step (\d+);", ours[0]).group(1))
+    assert step >= 10 and step % 5 == 0 and f"the checkpoint of step {step} is kept" in ours[0], ours[0]
+    assert read_checkpoint(str(run / "ckpt.pt"), ("model_name", "iter_num"))["iter_num"] == step
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                              *args, f"--max_iters={step + 5}", "--resume"], capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_checkpoint(str(run / "ckpt.pt"), ("model_name", "iter_num"))["iter_num"] == step + 5
 
 
 def test_a_resume_with_another_global_batch_counts_its_tokens_on(data, saved_run, tmp_path, capsys):
