@@ -3,8 +3,8 @@ What every script shares:
     sizes        the shapes of the Vertical Attention paper's Table 2 (--size)
     device       --device and --dtype resolved, bf16 autocast, waiting for the GPU, its peak FLOP/s for MFU
     tokenizers   byte, gpt2 and hf:DIR, by the name a data set's meta.json gives (prepare.py, sample.py, eval.py)
-    labels       every model file and the variants its paper compares, as the tables, the bench and the figures
-                 list them, grouped by the file's PAPER
+    labels       the name the tables and figures group a model file's labels by, its PAPER (the labels, every
+                 model file and the variants its paper compares, are plumbing.config's labelled_models())
     checkpoints  a model rebuilt from train.py's ckpt.pt: the model file and options it names, and its weights
     skip-middle  its middle blocks skipped by every token (tools.bench --close_gates, eval.py --wiring)
 The model files (--model NAME), the readers of every file and what a bad option, data set or checkpoint ends in
@@ -20,7 +20,7 @@ import torch
 
 from plumbing.errors import ConfigError, handling, note
 from plumbing.files import checkpoint_path, read_checkpoint, read_json
-from plumbing.config import build_model, load_model_module, model_names
+from plumbing.config import build_model, load_model_module
 
 # ----------------------------------------------------------------------------------------------------------
 # sizes
@@ -186,19 +186,9 @@ def hf_tokenizer(folder):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# labels: what each model file declares, so that a new model_<name>.py is in every table and figure unasked
-
-def labelled_models():
-    """[(label, model file, config overrides)]: vanilla, the reference, first, then every other model file by name,
-    each at its defaults (label: its name) and with each of the VARIANTS its file declares, the comparisons of its
-    paper (label: name-variant)."""
-    runs = []
-    for name in sorted(model_names(), key=lambda n: n != "vanilla"):
-        module = load_model_module(name)
-        runs.append((name, name, {}))
-        runs += [(f"{name}-{variant}", name, dict(o)) for variant, o in getattr(module, "VARIANTS", {}).items()]
-    return runs
-
+# labels: what each model file declares, so that a new model_<name>.py is in every table and figure unasked; the
+# labels themselves, vanilla first then every model file and each of its VARIANTS, are plumbing.config's
+# labelled_models(), which train.py's --model reads too
 
 def paper(name):
     """The name the tables and figures group model_<name>.py's labels by: its PAPER, else the file's name."""

@@ -1,7 +1,7 @@
 """
 eval.py --wiring: which earlier representations each block reads directly, and how much of what it computes comes
 from each, measured with autograd on the model files (docs/tests.md, "The wiring figure"): every model file and the
-variants its paper compares (common.labelled_models, the tables' labels) at initialisation, or trained runs.
+variants its paper compares (plumbing.config.labelled_models, the tables' labels) at initialisation, or trained runs.
 """
 import os
 import sys
@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from analysis.figures import DEPTH_MAP_AND_WIRING, FIGURE_FIX, pyplot_for, run_folder, save_png
-from common import close_gates, labelled_models, model_from_checkpoint, paper
+from common import close_gates, model_from_checkpoint, paper
 from plumbing.errors import ConfigError
 from plumbing.files import open_split, read_meta, to_json
-from plumbing.config import build_model, load_model_module
+from plumbing.config import build_model, labelled_models, load_model_module
 from plumbing.options import check_output
 
 def wiring_points(model):
@@ -129,10 +129,11 @@ def reads(gains, rows, cols):
     return lines
 
 
-def plot_wiring(plt, panels, path):
+def plot_wiring(plt, panels, path, when):
     """One panel per model: the share of each row's gains that each representation takes, on a log scale over three
-    decades; blank where a row reads nothing, grey where a column is not earlier than the row. Returns the (closed)
-    figure."""
+    decades; blank where a row reads nothing, grey where a column is not earlier than the row. The title says what
+    the figure shows and `when` (at initialisation, or the runs' steps); the PNG's text keeps the panels' captions
+    (its "panels"), so that a test finds the model a panel is missing for. Returns the (closed) figure."""
     from matplotlib.colors import LogNorm
     cols = min(4, len(panels))
     nrows = -(-len(panels) // cols)
@@ -158,8 +159,11 @@ def plot_wiring(plt, panels, path):
     fig.supxlabel("reads: the embedding, or block j's output (aj, mj: block j's attention or MLP sublayer)", fontsize=9)
     fig.supylabel("block l (or its sublayer), then the head", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.5, label="share of the row's direct reads")
-    fig.suptitle(textwrap.fill(DEPTH_MAP_AND_WIRING, int(28 * cols + 10)), fontsize=9)
-    save_png(fig, path, dpi=110)
+    title = (f"What each block reads directly, {when}: each cell is an earlier representation's share of what its row "
+             "reads from the representations before it, measured with autograd (eval.py --wiring)")
+    fig.suptitle(textwrap.fill(title, int(28 * cols + 10)) + "\n" +  # and how it differs from the depth map
+                 textwrap.fill(DEPTH_MAP_AND_WIRING, int(32 * cols + 10)), fontsize=9)
+    save_png(fig, path, dpi=110, metadata={"Title": title, "panels": "\n".join(c for c, *_ in panels)})
     plt.close(fig)
     return fig
 
@@ -181,7 +185,7 @@ def draw_wiring(args):
             print(caption, *reads(gains, rows, cols), sep="\n")
     say = sys.stderr if args.json else sys.stdout
     if plt is not None:
-        plot_wiring(plt, panels, path)
+        plot_wiring(plt, panels, path, "at initialisation" if set(args.wiring) == {"init"} else "in these runs")
         print(f"wiring figure: {path}", file=say)
     elif args.plot == "auto":
         print("note: PNG skipped, matplotlib is not installed (pip install matplotlib)", file=say)

@@ -112,6 +112,30 @@ def load_model_module(name):
     return importlib.import_module(f"model_{name}")
 
 
+def labelled_models():
+    """[(label, model file, config overrides)]: vanilla, the reference, first, then every other model file by name,
+    each at its defaults (label: its name) and with each of the VARIANTS its file declares, the comparisons of its
+    paper (label: name-variant). The tables, the figures and --model use these labels."""
+    runs = []
+    for name in sorted(model_names(), key=lambda n: n != "vanilla"):
+        module = load_model_module(name)
+        runs.append((name, name, {}))
+        runs += [(f"{name}-{variant}", name, dict(o)) for variant, o in getattr(module, "VARIANTS", {}).items()]
+    return runs
+
+
+def model_of(label):
+    """(the module of model_NAME.py, config overrides) of a --model value: a model file's NAME, or a label of the
+    tables, NAME-VARIANT, that file with its VARIANTS[VARIANT] (mhc-hc: model_mhc.py with hc_kind hc)."""
+    if label in model_names():
+        return load_model_module(label), {}
+    name = max((n for n in model_names() if label.startswith(n + "-")), key=len, default=None)
+    variants = getattr(load_model_module(name), "VARIANTS", {}) if name else {}
+    if label[len(name or "") + 1:] not in variants:
+        raise ConfigError(f"unknown --model {label!r}; choose one of: {', '.join(l for l, *_ in labelled_models())}")
+    return load_model_module(name), dict(variants[label[len(name) + 1:]])
+
+
 def build_model(module, model_args, source="the options"):
     """module.GPT(check_model_args(...)). Under `with torch.device("meta")` it allocates nothing."""
     return module.GPT(check_model_args(module, model_args, source))

@@ -23,7 +23,7 @@ import torch
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/files.py is a library module (every file's readers and writers); run `python train.py --help`")
 
-from plumbing.config import check_record, load_model_module, option
+from plumbing.config import check_record, load_model_module, model_of, option
 from plumbing.errors import ConfigError, arg, handling, naming, note, printable, script_command
 
 FILE_BYTES = 256 << 20  # the most bytes a script reads whole: a file of text, JSON or a preset (the rest is mapped)
@@ -209,6 +209,7 @@ class Checkpoint:
     """The fields of ckpt.pt the scripts read: meta, train_config and run are held to Meta, TrainedOn and RunShape,
     the weights' names and shapes, the optimiser and random states by torch as they load."""
     model_name: str = option(None, "model_<model_name>.py", required=True)
+    label: str = option(None, "the --model it was trained with: model_name, or a label of the tables, model_name-variant")
     model_args: dict = option(None, "every field of its GPTConfig", required=True)
     model: dict = option(None, "the state_dict", required=True)
     iter_num: int = option(None, "the step", min=0)
@@ -323,9 +324,10 @@ def read_resume(cfg, model_args, explicit, meta):
     if ckpt["iter_num"] > cfg.max_iters:
         raise ConfigError(f"the run in {printable(cfg.out_dir)} is at step {ckpt['iter_num']}, past --max_iters "
                           f"{cfg.max_iters}: nothing to train; pass --max_iters above {ckpt['iter_num']} to go on")
-    if ckpt["model_name"] != cfg.model:
-        raise ConfigError(f"{printable(path)} was trained with --model {ckpt['model_name']}, not {cfg.model}; drop "
-                          "--model (a resumed run is the checkpoint's model) or choose another --out_dir")
+    if ckpt["model_name"] != model_of(cfg.model)[0].__name__[6:]:  # the model file; its options are checked below
+        raise ConfigError(f"{printable(path)} was trained with --model {ckpt.get('label', ckpt['model_name'])}, not "
+                          f"{cfg.model}; drop --model (a resumed run is the checkpoint's model) or choose another "
+                          "--out_dir")
     saved = ckpt["model_args"]
     differ = [f"--{k} {v} (saved: {saved.get(k)})" for k, v in model_args.items()
               if k in explicit and v != saved.get(k)]

@@ -13,7 +13,7 @@ import tempfile
 if __name__ == "__main__":  # a library module, not a script: say so, and which script to run
     sys.exit("plumbing/options.py is a library module (every script's options); run `python train.py --help`")
 
-from plumbing.config import check_config, load_model_module, make_config, model_names
+from plumbing.config import check_config, load_model_module, make_config, model_names, model_of
 from plumbing.errors import OPTION_PATHS, ConfigError, printable, script_command
 from plumbing.files import read_meta, read_text, regular_file
 
@@ -69,24 +69,25 @@ def str2bool(s):
 
 
 def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
-    """(config, model options as a dict, model module, names set explicitly): defaults < presets < command line."""
+    """(config, model options as a dict, model module, names set explicitly): defaults < the --model label's variant
+    < presets < command line; an option that contradicts the label's variant is refused."""
     n = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))  # the leading arguments: presets
     files, rest, given = argv[:n], argv[n:], explicit_options(argv[n:])
     from_files, origin = read_presets(files, config_class) if files else ({}, {})  # "file line N" of each value
     pre = ArgumentParser(prog=prog, add_help=False)  # the model, and the data set whose vocabulary --help shows
     pre.add_options(config_class, None, from_files)
     early = pre.parse_known_args(rest)[0]
-    module = load_model_module(early.model)
+    module, variant = model_of(early.model)  # a label of the tables, NAME-VARIANT, sets its variant's options
     if files:  # the model file's values too, before --help shows them
         checked(module.GPTConfig, from_files, origin)
-    parser = ArgumentParser(prog=prog, description=doc, model=early.model, owned=owned,
+    parser = ArgumentParser(prog=prog, description=doc, model=module.__name__[6:], owned=owned,
                             usage="%(prog)s [preset.py ...] [--option value ...]")
     parser.add_options(config_class, "training", from_files)
     try:  # the data set's vocabulary, where it is prepared: --help shows it, and the least it takes
         data_vocab = {"vocab_size": read_meta(early.data_dir, early.dataset)["vocab_size"]}
     except (ConfigError, TypeError, ValueError):  # none yet, or a preset's --data_dir is no path: said below
         data_vocab = {}
-    parser.add_options(module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **from_files})
+    parser.add_options(module.GPTConfig, f"model_{module.__name__[6:]}.py", {**data_vocab, **variant, **from_files})
     if files:
         check_unknown(parser, files, from_files, config_class, module.GPTConfig)
     args = vars(parser.parse_args(rest))
@@ -102,8 +103,13 @@ def parse_model_options(config_class, argv, doc, prog="train.py", owned=None):
     if "vocab_size" in given | set(from_files) and data_vocab and model_args["vocab_size"] < data_vocab["vocab_size"]:
         raise ConfigError(f"--vocab_size {model_args['vocab_size']} is smaller than the data's "
                           f"{data_vocab['vocab_size']}; drop the option{where('vocab_size')}")
+    contradicts = [f"--{k} {model_args[k]}{where(k)}" for k, v in variant.items() if model_args[k] != v]
+    if contradicts:
+        raise ConfigError(f"{', '.join(contradicts)} contradicts --model {early.model}, which sets "
+                          f"{', '.join(f'--{k} {v}' for k, v in variant.items())}; drop it, or pass --model "
+                          f"{module.__name__[6:]}")
     check_paths(cfg)
-    return cfg, model_args, module, set(from_files) | given
+    return cfg, model_args, module, set(from_files) | given | set(variant)
 
 
 def read_presets(files, config_class):

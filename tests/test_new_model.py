@@ -98,7 +98,7 @@ def test_a_new_model_file_is_found_by_every_script(new_model, tiny_data, tmp_pat
     code, text, err = run_script("eval.py", ["--wiring", run, "--plot", "false"], capsys)
     assert code in (0, None) and f"{name}, step 2" in text, err
     # the figure at initialisation draws every label of the tables; here only this file's, to be quick
-    from common import labelled_models
+    from plumbing.config import labelled_models
     mine = [r for r in labelled_models() if r[1] == name]
     assert [label for label, *_ in mine] == labels
     monkeypatch.setattr(wiring, "labelled_models", lambda: mine)

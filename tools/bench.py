@@ -29,10 +29,10 @@ import torch
 if __package__ in (None, ""):  # run as a file: the modules it imports are at the repository root
     sys.exit("run it from the repository root as `python -m tools.bench`")
 
-from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, labelled_models, model_from_checkpoint,
+from common import (DTYPES, SIZES, autocast, check_close_gates, close_gates, model_from_checkpoint,
                     peak_flops, resolve_device, resolve_dtype, synchronize)
 from generate import compile_decode_step, decode_step, generate
-from plumbing.config import build_model, load_model_module, option
+from plumbing.config import build_model, labelled_models, load_model_module, option
 from plumbing.errors import ConfigError, main_boundary, printable
 from plumbing.files import checkpoint_path, open_split, read_meta, regular_file, write_json
 from plumbing.options import parse_simple
