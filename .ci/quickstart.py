@@ -1,6 +1,7 @@
 """Prints the README's quick start as shell lines, for .ci/run: every `python ...` command of the sh blocks under
 "## Quick start" in the README's order, but the test command, which .ci/run runs itself. A train.py command gets
---max_iters: STEPS for a new run, twice that for a --resume, so that it trains on."""
+--max_iters: STEPS for a new run, twice that for a --resume, so that it trains on; the comparison's sweep gets
+--train_iters STEPS (its runs otherwise train the Results' 500 steps)."""
 import re
 import sys
 
@@ -14,4 +15,6 @@ for block in re.findall(r"```sh\n(.*?)```", section, re.S):
             continue
         if command.startswith("python train.py"):
             command += f" --max_iters {2 * STEPS if '--resume' in command else STEPS}"
+        if command.startswith("python -m tools.sweep"):
+            command += f" --train_iters {STEPS}"
         print(command)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from tools import sweep
+from tools import stats, sweep
 from train import ConfigError
 
 
@@ -95,6 +95,42 @@ def run_sweep(data_dir, tmp_path, *extra):
                        "--train_iters=4", "--seeds=2", "--eval_points=2", f"--data_dir={data_dir}",
                        f"--results={tmp_path / 'results'}", f"--runs_dir={tmp_path / 'runs'}", "--reuse=",
                        "--n_layer=2", "--train_args=--eval_iters=1", *extra])
+
+
+def test_a_learners_sweep_trains_into_their_folder_and_says_so(small_data, tmp_path, monkeypatch, capsys):
+    """The README's comparison as a learner runs it: its defaults train every run (the committed runs are copied only
+    where --reuse names them) into out/sweep of the folder it runs in, each as `train.py --model LABEL`; the table
+    says which runs this command trained, and on which machine; the repository's results and README stay as they
+    are, --update_readme included (no page holds a table of out/sweep)."""
+    def snapshot():
+        return {p: open(os.path.join(ROOT, p), "rb").read() for p in ("README.md", "results/results.json",
+                                                                      "results/RESULTS.md", "docs/results.md")}
+    before = snapshot()
+    monkeypatch.chdir(tmp_path)
+    argv = ["--size=small", "--block_size=32", "--batch_size=2", "--device=cpu", "--runs=vertical-unet",
+            "--train_iters=2", "--seeds=1", "--eval_points=1", f"--data_dir={small_data}", "--n_layer=2",
+            "--train_args=--eval_iters=1", "--update_readme"]
+    sweep.main(argv)
+    table = open(tmp_path / "out" / "sweep" / "RESULTS.md").read()
+    assert "| trained | 2 by this command, on CPU (" in table and "earlier" not in table and "copied" not in table
+    runs = json.load(open(tmp_path / "out" / "sweep" / "results.json"))["runs"]
+    assert [r["label"] for r in runs] == ["vanilla", "vertical-unet"] and not any(r.get("reused") for r in runs)
+    folder = next(p for p in os.listdir(tmp_path / "out" / "sweep") if p.startswith("vertical-unet-seed"))
+    ckpt = torch.load(tmp_path / "out" / "sweep" / folder / "ckpt.pt", weights_only=True)
+    assert (ckpt["label"], ckpt["model_name"], ckpt["model_args"]["va_map"]) == ("vertical-unet", "vertical", "unet")
+    sweep.main([*argv, "--table_only"])  # the same table again: nothing trained now
+    table = open(tmp_path / "out" / "sweep" / "RESULTS.md").read()
+    assert "| trained | none by this command; 2 by an earlier command, on CPU (" in table
+    assert snapshot() == before
+    # a statistic over training, from the sweep's results: the unet map's entropy, logged at each evaluation
+    capsys.readouterr()
+    stats.main(["--stat", "va_entropy"])
+    out = capsys.readouterr().out
+    logged = runs[1]["stats_curve"]
+    assert f"vertical-unet, seed 1337: va_entropy {logged[-1][1]['va_entropy']:.4g} at {logged[-1][0]:,} tokens" in out
+    assert os.path.getsize(tmp_path / "out" / "sweep" / "va_entropy.png") > 0
+    with pytest.raises(ConfigError, match="no run of vanilla .* logged --stat va_entropy"):
+        stats.main(["--stat", "va_entropy", "--runs", "vanilla"])
 
 
 def test_sweep_is_interrupted_resumed_and_keyed_by_configuration(small_data, tmp_path):
@@ -262,7 +298,7 @@ def test_every_ablation_on_a_tiny_run(tiny_data, tmp_path):
 # writes its run meanwhile, which this write would drop.
 FIRST = """
 import os, sys, time
-from tools import sweep
+from tools import stats, sweep
 paused, waits = sys.argv[1:3]
 write = sweep.write_json
 
@@ -279,7 +315,7 @@ sweep.main(sys.argv[3:])
 # The second: it writes WAITS where it finds the lock held (then waits for it), and as it ends.
 SECOND = """
 import sys
-from tools import sweep
+from tools import stats, sweep
 waits = sys.argv[1]
 take = sweep.held
 

@@ -51,6 +51,8 @@ from train import main as train_main  # train.py's entry point, called in-proces
 
 # ---- what is trained: the main table's labels (tools/bench.py's RUNS) and the papers' ablations
 
+LABELS = {label for label, *_ in RUNS}  # the main table's labels, each a --model value of train.py
+
 # The figures group the labels by their model file's PAPER (common.paper) and colour each file's labels in shades of
 # one colour map, taken in the order of the model files after vanilla (black), so that a file keeps its colour in
 # every figure and a new one gets its own.
@@ -166,15 +168,16 @@ class SweepConfig:
     device: str = option("auto", "auto (cuda, else mps, else cpu), cpu, cuda, mps")
     dtype: str = option("auto", "auto (bfloat16 on CUDA), float32, bfloat16", choices=DTYPES)
     eval_batch_size: int = option(16, "windows per forward of the final evaluation", min=1)
-    results: str = option("results", "folder of the main table's results.json, RESULTS.md and curves.png; "
-                          "ablations write to its ablations/NAME/", path=True, out="folder")
+    results: str = option("out/sweep", "folder of your table: results.json, RESULTS.md and curves.png; ablations "
+                          "write to its ablations/NAME/ (the committed tables are results/ and results/L12/: "
+                          "docs/results.md gives their commands)", path=True, out="folder")
     runs_dir: str = option("out/sweep", "folder of the runs' checkpoints and logs", path=True, out="folder")
-    reuse: str = option("results/results.json", "comma-separated results.json files whose runs of the same key are "
-                        "copied in, not trained again; '' = none", path=True)
+    reuse: str = option("", "comma-separated results.json files whose runs of the same key are copied in, not "
+                        "trained again (the committed runs: results/results.json); '' = none", path=True)
     max_runs: int = option(0, "stop after this many newly trained runs; 0 = all", min=0)
     table_only: bool = option(False, "train nothing: write the tables and figures from the runs the results hold")
     update_readme: bool = option(False, "also rewrite each table's copy between its markers, in the page that holds "
-                                 "them (README.md or docs/results.md)")
+                                 "them (README.md or docs/results.md): the committed tables' folders have them")
 
 
 def parse_args(argv):
@@ -204,7 +207,8 @@ def main(argv):
                          output=True)
     check_train_options(sweeps, shape, args)
     header = {"hardware": hardware_name(device), "dtype": dtype, "torch": torch.__version__, "size": args.size,
-              "shape": shape, "dataset": args.dataset, "batch_size": args.batch_size, "train_iters": args.train_iters,
+              "shape": shape, "dataset": args.dataset, "val_split": meta["val_tokens"], "batch_size": args.batch_size,
+              "train_iters": args.train_iters,
               "seeds": [args.seed + i for i in range(args.seeds)], "train_args": args.train_args}
     return run_sweeps(sweeps, header, args, device, meta, argv)
 
@@ -307,7 +311,7 @@ def run_sweeps(sweeps, header, args, device, meta, argv):
     for path in [p for p in args.reuse.split(",") if p] + [os.path.join(s["results"], "results.json") for s in sweeps]:
         known.update(saved_runs(path))
     ctx = autocast(device, header["dtype"])
-    trained, stopped, stale = 0, False, {s["results"] for s in sweeps}  # stale: figures to redraw
+    trained, stopped, stale = set(), False, {s["results"] for s in sweeps}  # stale: figures to redraw; trained: keys
     for seed in header["seeds"]:
         for s in sweeps:
             new = False
@@ -317,7 +321,7 @@ def run_sweeps(sweeps, header, args, device, meta, argv):
                     continue
                 if key in known:  # the same run in another results.json: copied under this sweep's label
                     record = {**known[key], "label": label, "reused": True}
-                elif args.table_only or (args.max_runs and trained == args.max_runs):
+                elif args.table_only or (args.max_runs and len(trained) == args.max_runs):
                     stopped = True
                     continue
                 else:
@@ -325,19 +329,19 @@ def run_sweeps(sweeps, header, args, device, meta, argv):
                     print(f"training {s['name'] or 'main'}: {label}, seed {seed} ({done + 1} of "
                           f"{sum(map(len, s['plan'].values()))})", file=sys.stderr)
                     record = train_and_evaluate(label, seed, options, key, args, device, ctx, meta, machine(header))
-                    trained += 1
+                    trained.add(key)
                 known[key] = record
                 save_run(s, record, header, argv)
-                report(s, header, args, argv)
+                report(s, header, args, argv, trained)
                 new = True
             if new:
-                report(s, header, args, argv, figure=True)
+                report(s, header, args, argv, trained, figure=True)
                 stale.discard(s["results"])
     if stopped:
-        print(f"stopped after {trained} new runs; the same command without --max_runs or --table_only goes on "
+        print(f"stopped after {len(trained)} new runs; the same command without --max_runs or --table_only goes on "
               "from here", file=sys.stderr)
     for s in sweeps:  # every sweep's table and figure; the last one's rows
-        rows = report(s, header, args, argv, figure=s["results"] in stale, final=True)
+        rows = report(s, header, args, argv, trained, figure=s["results"] in stale, final=True)
     return rows
 
 
@@ -356,7 +360,9 @@ def train_and_evaluate(label, seed, options, key, args, device, ctx, meta, machi
     t0, cpu0 = time.time(), time.process_time()
     if steps < args.train_iters:  # a run cut off earlier goes on from its last checkpoint
         try:
-            train_main([*options, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}",
+            # trained as --model LABEL, which the run records (its key keeps the file's name and options)
+            named = [f"--model={label}" if o.startswith("--model=") and label in LABELS else o for o in options]
+            train_main([*named, f"--out_dir={out_dir}", f"--data_dir={args.data_dir}",
                         *(["--resume"] if os.path.exists(path) else [])])  # a step-0 checkpoint is one too
         except Interrupted as e:
             raise Interrupted(f"{e.args[0].split(';')[0]} of {label}, seed {seed}; the runs that finished are in "
@@ -523,11 +529,11 @@ def frontier_pair(runs, xs, series):
     return pair
 
 
-def report(sweep, header, args, argv, figure=False, final=False):
+def report(sweep, header, args, argv, trained, figure=False, final=False):
     """Summary rows of the sweep's planned runs on record; writes results.json's header and summary, RESULTS.md,
     with figure its figure, with --update_readme its copy in README.md or docs/, and with final prints the table.
-    While no planned run is on record, RESULTS.md (and its copy) only say so. The machine named is the one
-    results.json names, that of the latest run trained. Returns the rows."""
+    While no planned run is on record, RESULTS.md (and its copy) only say so. trained: the keys of the runs this
+    command trained, which the table names with this machine. Returns the rows."""
     json_path = os.path.join(sweep["results"], "results.json")
     configs = point_configs(sweep, header)
     models = {label: name for label, name, _ in sweep["points"]}  # in the sweep's label order
@@ -543,7 +549,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
         rows = aggregate(runs, list(models), pair)
         if runs:
             write_json(json_path, {**saved, **head, "summary": rows})
-        table = results_table(sweep, rows, runs, head, len(planned))
+        table = results_table(sweep, rows, runs, head, len(planned), trained)
         with written(os.path.join(sweep["results"], "RESULTS.md")) as f:
             f.write(table)
         if args.update_readme:
@@ -562,7 +568,7 @@ def report(sweep, header, args, argv, figure=False, final=False):
 
 # ---- tables
 
-def results_table(sweep, rows, runs, header, n_planned):
+def results_table(sweep, rows, runs, header, n_planned, trained):
     by_label = {}
     for r in runs:
         by_label.setdefault(r["label"], []).append(r)
@@ -577,7 +583,6 @@ def results_table(sweep, rows, runs, header, n_planned):
     lines += [
         "| how the table was made | |", "|---|---|",
         f"| command | `python {shlex.join(header['command'])}` |",
-        f"| machine | {machine(header)} |",
         f"| model | {header['size']} shape ({', '.join(f'{k} {v}' for k, v in shape.items())}) |",
         f"| data | `{header['dataset']}`, {steps} steps of {batch} x {shape['block_size']} tokens "
         f"({steps * batch * shape['block_size']:,} tokens) |",
@@ -585,7 +590,9 @@ def results_table(sweep, rows, runs, header, n_planned):
         f"| train.py options | `{header['train_args']}` |",
     ] + ([
         f"| runs | {len(runs)} run{'s' if len(runs) > 1 else ''}, {hours:.2f} hours of training in all{cost(runs)} |",
-        f"| val loss | over the whole validation split ({runs[0]['val_tokens']:,} tokens), mean ± std over seeds |",
+        f"| trained | {provenance(runs, trained, header)} |",
+        f"| val loss | over the whole validation split of {header['val_split']:,} tokens ({runs[0]['val_tokens']:,} "
+        "predicted, each from the tokens before it), mean ± std over seeds |",
         f"| Δ | the mean of the same-seed differences to {reference} ± its standard error; **bold** where "
         "\\|Δ\\| > 2 SE |",
     ] if runs else [f"| runs | {len(sweep['points'])} labels x {len(header['seeds'])} seeds |"])
@@ -618,13 +625,25 @@ def results_table(sweep, rows, runs, header, n_planned):
 
 
 def cost(runs):
-    """The CPU time of the runs trained with its record (older runs and copies lack it)."""
-    timed = [r for r in runs if "cpu_seconds" in r and not r.get("reused")]
-    if not timed:
-        return ""
-    reused = sum(bool(r.get("reused")) for r in runs)
-    return (f" ({len(timed)} trained here in {sum(r['cpu_seconds'] for r in timed) / 3600:.2f} CPU hours with "
-            f"their evaluation" + (f"; {reused} copied from other results under the same key" if reused else "") + ")")
+    """The CPU time of the runs that record it (older runs lack it)."""
+    timed = [r for r in runs if "cpu_seconds" in r]
+    return (f" ({sum(r['cpu_seconds'] for r in timed) / 3600:.2f} CPU hours with their evaluation, for the "
+            f"{len(timed)} that record it)") if timed else ""
+
+
+def provenance(runs, trained, header):
+    """Which runs this command trained, on this machine, and where the others come from: an earlier command (on the
+    machine each records, where it does) or another results.json (--reuse)."""
+    here = [r for r in runs if r["key"] in trained]
+    copied = [r for r in runs if r["key"] not in trained and r.get("reused")]
+    earlier = {}
+    for r in runs:
+        if r["key"] not in trained and not r.get("reused"):
+            where = r.get("machine", "a machine it does not record")
+            earlier[where] = earlier.get(where, 0) + 1
+    parts = [f"{len(here)} by this command, on {machine(header)}" if here else "none by this command"]
+    parts += [f"{n} by an earlier command, on {where}" for where, n in earlier.items()]
+    return "; ".join(parts + ([f"{len(copied)} copied from other results under the same key"] if copied else []))
 
 
 def seeds_done(sweep, runs):
