@@ -1,6 +1,7 @@
 """
 eval.py --curves: the training and validation loss of runs side by side, from their log.jsonl (no checkpoint is
-evaluated), one colour per run, against the tokens each has seen.
+evaluated), one colour per run, against the tokens each has seen; a run is one seed, which the figure and the
+printout say where they compare runs.
 """
 import os
 import textwrap
@@ -10,6 +11,12 @@ from plumbing.config import check_record
 from plumbing.errors import ConfigError
 from plumbing.files import LogRecord, parse_json, read_checkpoint, read_text
 from plumbing.options import check_output
+
+# the spread of the final validation loss over seeds at the Results' budget (the README's words and numbers)
+SEED_NOISE = "0.02 to 0.04"
+ONE_SEED = (f"One seed per run: final losses less than about {SEED_NOISE} apart differ by the seed alone, which is "
+            "no evidence either way; `python -m tools.sweep --seeds 3` compares runs with a standard error.")
+SMOOTH = 5  # training records averaged into each point of the drawn training loss
 
 
 def read_run_log(run):
@@ -61,8 +68,17 @@ def tokens_per_step(folder):
         return None
 
 
+def smoothed(points, n=SMOOTH):
+    """(step, tokens, loss) points with each loss the mean of it and up to n - 1 records before it: the per-batch
+    loss jumps from batch to batch, and a mean shows its trend."""
+    losses = [v for _, _, v in points]
+    return [(s, t, sum(losses[max(0, i - n + 1):i + 1]) / len(losses[max(0, i - n + 1):i + 1]))
+            for i, (s, t, _) in enumerate(points)]
+
+
 def plot_curves(plt, runs, path, share=0.4):
-    """The training loss (a thin line through its records' points) and validation loss (its evaluations as dots,
+    """The training loss (a thin, pale line under the rest: the mean of each record and the SMOOTH - 1 before it)
+    and validation loss (its evaluations as dots,
     unjoined: a straight line between sparse evaluations would lie above the curve, and a run evaluated less often
     would look worse) of every run, one colour per run, against tokens seen as the logs record them, or against
     steps where a run's tokens are unknown; the legend gives each run's steps where they differ. A second panel
@@ -78,9 +94,11 @@ def plot_curves(plt, runs, path, share=0.4):
     curves = []  # (colour, style, label, points (x, y)) of every curve
     for i, (r, steps) in enumerate(zip(runs, last)):
         colour, run = colours[i % 10], r["label"] + (f" ({steps:,} steps)" if len(set(last)) > 1 else "")
-        for points, style, label in ((r["train"], dict(linewidth=1, alpha=0.6, marker=".", markersize=3),
-                                      "training loss"),
-                                     (r["val"], dict(marker="o", linestyle="none", markersize=5), "validation loss")):
+        for points, style, label in ((smoothed(r["train"]), dict(linewidth=1, alpha=0.45, zorder=1, marker=".",
+                                                                 markersize=2),
+                                      f"training loss (mean of {SMOOTH} records)"),
+                                     (r["val"], dict(marker="o", linestyle="none", markersize=6, zorder=3),
+                                      "validation loss")):
             if points:
                 curves.append((colour, style, f"{run}: {label}", [(t if tokens else s, v) for s, t, v in points]))
     for colour, style, label, points in curves:
@@ -110,11 +128,13 @@ def plot_curves(plt, runs, path, share=0.4):
         span = "; ".join([f"{what} {in_units(x0, top)} to {in_units(x1, top)}"] + before)
         title = f"the last {share:.0%} of {whose} ({span}), the y-axis fitted to its losses"
         zoom.set_title(textwrap.fill(title, 75), fontsize=9)
-    zoom.set(xlabel=xlabel if tokens else "step")
+    zoom.set(xlabel=xlabel if tokens else "step", ylabel="loss (nats per token)")
     zoom.grid(alpha=0.3)
     for panel in (ax, zoom):  # plain units, no offset ("1e6") beside either axis
         panel.xaxis.set_major_formatter(plain_units(top))
         panel.ticklabel_format(axis="y", useOffset=False)
+    if len(runs) > 1:  # what the comparison can show
+        fig.suptitle(textwrap.fill(ONE_SEED, 150), fontsize=10, color="darkred")
     fig.tight_layout()
     save_png(fig, path, dpi=120)
     plt.close(fig)
@@ -138,6 +158,8 @@ def curves(args):
         if r["train"]:
             line += f", last training loss {r['train'][-1][2]:.4f}"
         print(line)
+    if len(runs) > 1:
+        print(f"note: {ONE_SEED}")
     plt = pyplot_for(args.plot)
     if plt is None:
         if args.plot == "auto":

@@ -219,7 +219,9 @@ def test_depth_map_and_wiring_say_what_each_measures_in_the_same_words(plt, runs
     evalpy.main(["--wiring", runs["vanilla"], "--plot_path", str(tmp_path / "wiring.png")])
     assert said in flat(capsys.readouterr().out)
     panel = ("vanilla", torch.eye(3), ["1", "2", "head"], ["emb", "1", "2"])
-    assert said in flat(wiring.plot_wiring(plt, [panel], tmp_path / "one.png").get_suptitle())
+    fig = wiring.plot_wiring(plt, [panel], tmp_path / "one.png", "in these runs")
+    assert flat(fig.get_suptitle()).startswith("What each block reads directly, in these runs:")
+    assert said in flat(fig.get_suptitle())
     for doc in ("docs/scripts.md", "docs/tests.md"):
         assert said in flat(open(os.path.join(ROOT, doc), encoding="utf-8").read()), doc
 
@@ -237,12 +239,19 @@ def test_curves_of_two_runs(plt, runs, tmp_path, capsys):
     fig = curves.plot_curves(plt, logs, tmp_path / "again.png")
     ax = fig.axes[0]
     assert ax.get_xlabel() == "tokens seen" and "loss" in ax.get_ylabel()
+    mean = f"training loss (mean of {curves.SMOOTH} records)"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "vanilla: training loss", "vanilla: validation loss", "vertical: training loss", "vertical: validation loss"]
+        f"vanilla: {mean}", "vanilla: validation loss", f"vertical: {mean}", "vertical: validation loss"]
     train, val = ax.lines[2], ax.lines[3]  # the vertical run's, in its own colour
     assert list(val.get_xdata()) == [0, 10 * 128, 20 * 128]  # steps x 4 windows x 32 tokens
     assert list(train.get_xdata()) == [s * 128 for s in (5, 10, 15, 20)]
+    losses = [v for _, _, v in logs[1]["train"]]  # each drawn point the mean of its record and those before it
+    assert list(train.get_ydata()) == pytest.approx([sum(losses[:i + 1]) / (i + 1) for i in range(4)])
     assert ax.lines[0].get_color() == ax.lines[1].get_color() != train.get_color() == val.get_color()
+    assert train.get_zorder() < val.get_zorder() and train.get_alpha() < 1  # drawn under, pale: the eye goes to val
+    # one seed each: the figure and the printout say what the comparison cannot show, in the README's numbers
+    assert curves.ONE_SEED in " ".join(fig.get_suptitle().split()) and f"note: {curves.ONE_SEED}" in lines
+    assert fig.axes[1].get_ylabel() == ax.get_ylabel() == "loss (nats per token)"
 
 
 def test_curves_default_path_and_steps_without_a_checkpoint(plt, tmp_path, capsys):
@@ -274,7 +283,7 @@ def test_curves_zoom_on_the_end_of_training_fits_the_final_losses(plt, tmp_path)
     fig = curves.plot_curves(plt, logs, tmp_path / "zoom.png")
     assert len(fig.axes) == 2
     whole, zoom = fig.axes
-    late = [v for r in logs for s, _, v in r["train"] + r["val"] if s >= 0.6 * 200]
+    late = [v for r in logs for s, _, v in curves.smoothed(r["train"]) + r["val"] if s >= 0.6 * 200]  # as drawn
     lo, hi = zoom.get_ylim()
     assert lo <= min(late) and max(late) <= hi and hi - lo < 1.2 * (max(late) - min(late))
     assert (hi - lo) < 0.1 * (whole.get_ylim()[1] - whole.get_ylim()[0])
@@ -309,7 +318,7 @@ def test_curves_zoom_covers_the_window_its_title_names(plt, tmp_path):
     whole, zoom = fig.axes
     assert zoom_window(zoom) == (2_460_000, 4_100_000)  # 0.6 x 4,096,000 = 2,457,600 and 4,096,000
     assert "vanilla ends before it, at 0.82M" in " ".join(zoom.get_title().split())
-    window = [(t, v) for r in logs for _, t, v in r["train"] + r["val"] if t >= 0.6 * top]
+    window = [(t, v) for r in logs for _, t, v in curves.smoothed(r["train"]) + r["val"] if t >= 0.6 * top]
     plotted = sorted((x, y) for line in zoom.lines for x, y in zip(line.get_xdata(), line.get_ydata()))
     assert plotted == sorted(window)  # every point of the window, none from before it
     (lo, hi), (bottom, ceiling) = zoom.get_xlim(), zoom.get_ylim()

@@ -120,7 +120,7 @@ def test_figures_mark_their_points_and_say_each_run_s_steps(data, tmp_path, caps
     """--curves: each validation loss a dot of its own, unjoined (a line between sparse evaluations lies above the
     curve), the training loss's records marked, and each run's steps in the legend where the runs differ; the
     logit lens: each checkpoint's step in the legend where they differ."""
-    from analysis.curves import plot_curves, read_run_log
+    from analysis.curves import SMOOTH, plot_curves, read_run_log
     from analysis.figures import import_pyplot
     import eval as evalpy
     runs = []
@@ -131,10 +131,11 @@ def test_figures_mark_their_points_and_say_each_run_s_steps(data, tmp_path, caps
         runs.append({**read_run_log(str(out)), "label": out.name})
     fig = plot_curves(import_pyplot(), runs, str(tmp_path / "curves.png"))
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
-    assert set(lines) == {f"run{s} ({s:,} steps): {what} loss" for s in (4, 8) for what in ("training", "validation")}
+    trained = f"training loss (mean of {SMOOTH} records)"
+    assert set(lines) == {f"run{s} ({s:,} steps): {what}" for s in (4, 8) for what in (trained, "validation loss")}
     for s in (4, 8):
         assert lines[f"run{s} ({s:,} steps): validation loss"].get_linestyle() == "None"
-        assert lines[f"run{s} ({s:,} steps): training loss"].get_marker() not in (None, "None", "")
+        assert lines[f"run{s} ({s:,} steps): {trained}"].get_marker() not in (None, "None", "")
     code, out, err = run_script("eval.py", ["--out_dir", tmp_path / "run4", tmp_path / "run8", "--logit_lens",
                                             "--tokens=40", "--plot_path", tmp_path / "lens.png"], capsys)
     assert code in (0, None), err
