@@ -17,8 +17,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def tracked(pattern):
+    """The repository's own files that match pattern (a glob from its root, ** across folders), as glob.glob gives
+    them (full paths, sorted): those git tracks, so that a learner's notes, scripts or model_*.py beside them are
+    not tested as the repository's. In a copy that is no git checkout, every file that matches."""
+    found = sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True))
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        return found
+    ours = {os.path.normpath(p) for p in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if p}
+    return [p for p in found if os.path.normpath(os.path.relpath(p, ROOT)) in ours]
+
+
 def model_names():
-    return sorted(os.path.basename(p)[6:-3] for p in glob.glob(os.path.join(ROOT, "model_*.py")))
+    """The repository's model files (tracked: a learner's own model_mine.py is theirs), by name."""
+    return sorted(os.path.basename(p)[6:-3] for p in tracked("model_*.py"))
+
+
+def labels():
+    """The tables' labels of the repository's model files (plumbing.config.labelled_models, which lists a
+    learner's own model file too)."""
+    from plumbing.config import labelled_models
+    return [(label, name, o) for label, name, o in labelled_models() if name in model_names()]
 
 
 def model_cases():

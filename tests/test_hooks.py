@@ -3,11 +3,10 @@ model, its class or its module (hasattr / getattr with a string literal, or a ho
 table, with exactly the files that read it; every hook and internal there is defined by some model file; and every
 hook that a model file defines is read by some file. The sources are parsed with ast; nothing is imported."""
 import ast
-import glob
 import os
 import re
 
-from conftest import ROOT
+from conftest import ROOT, tracked
 
 READERS = ["train.py", "eval.py", "sample.py", "generate.py", "common.py", "analysis/*.py", "tools/*.py", "hf/*.py",
            "plumbing/*.py", "tests/conftest.py"]
@@ -18,7 +17,7 @@ MODEL = re.compile(r"^(self\.)?(raw_)?(model|module)\b|^build_model\(")
 
 def sources(patterns):
     for pattern in patterns:
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+        for path in tracked(pattern):
             yield os.path.relpath(path, ROOT), ast.parse(open(path).read())
 
 

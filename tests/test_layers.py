@@ -2,7 +2,6 @@
 only checks and reads (no function of it changes what it is handed), one function builds a model from its options,
 and every `module.name` that a docstring, a comment or a page names exists."""
 import ast
-import glob
 import importlib
 import io
 import os
@@ -11,7 +10,7 @@ import tokenize
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, tracked
 
 # the floors, from the ground up: a file imports files of lower floors only, or of its own folder
 FLOORS = [
@@ -31,7 +30,7 @@ def floors():
     out = {}
     for floor, (_, patterns) in enumerate(FLOORS):
         for pattern in patterns:
-            for path in glob.glob(os.path.join(ROOT, pattern)):
+            for path in tracked(pattern):
                 out[os.path.relpath(path, ROOT)] = floor
     return out
 
@@ -60,7 +59,7 @@ def imports(path):
 
 def test_every_file_has_a_floor():
     known = set(floors()) | APART
-    for path in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True):
+    for path in tracked("**/*.py"):  # the repository's: a learner's own scripts beside them are theirs
         path = os.path.relpath(path, ROOT)
         if not path.startswith(("tests/", "config/", ".")):
             assert path in known, f"{path} is on no floor of tests/test_layers.py's FLOORS: say where it belongs"
@@ -150,7 +149,7 @@ def test_no_function_of_plumbing_changes_what_it_is_handed():
     decisions are lines of the scripts. None of them changes a parameter (assigns to its attributes or items, or
     calls a method that changes it)."""
     changes = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "plumbing", "*.py"))):
+    for path in tracked("plumbing/*.py"):
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 changes += [f"{os.path.relpath(path, ROOT)}:{line} {node.name} {what}"
@@ -226,7 +225,7 @@ def test_every_module_name_a_text_names_exists():
     plumbing.config.check_config) is there, so that a rename cannot leave a pointer to nothing behind."""
     stale = []
     for pattern in TEXTS:
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+        for path in tracked(pattern):
             for module, name in sorted(named(prose(path))):
                 if not hasattr(importlib.import_module(module), name):
                     stale.append(f"{os.path.relpath(path, ROOT)}: {module}.{name}")

@@ -5,7 +5,6 @@ SIGPIPE, SIGKILL, SIGHUP), whose only start method is spawn and whose default te
 the played Python itself and every command's start (--help) under it; the slow tier the suite's collection under
 it, and the quick start under both: prepare.py twice, a few steps of every model file, --resume, sample.py,
 eval.py's figures, two DDP ranks, a tiny tools.sweep and hf/export.py."""
-import glob
 import importlib.util
 import json
 import os
@@ -16,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY, model_names, shakespeare_sample
+from conftest import ROOT, TINY, model_names, shakespeare_sample, tracked
 
 WINLIKE = os.path.join(ROOT, "tests", "winlike")
 PLAYS = ["windows", "macos"]
@@ -112,7 +111,7 @@ def commands():
     (a file at the top runs as a file, one in a folder as a module). hf/hf_model.py needs transformers
     (requirements-eval.txt)."""
     found = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "*", "*.py"))):
+    for path in tracked("*.py") + tracked("*/*.py"):  # the repository's, not a learner's own scripts
         rel = os.path.relpath(path, ROOT)
         if rel.startswith("tests") or "__main__" not in open(path, encoding="utf-8").read():
             continue

@@ -4,7 +4,6 @@ outside tests/ uses a POSIX-only name outside a platform test, nor opens a text 
 --device auto, DDP's backend, compiling by default, the memory check) is made from what the platform reports, here
 monkeypatched."""
 import ast
-import glob
 import importlib.machinery
 import os
 import re
@@ -14,7 +13,7 @@ import types
 import pytest
 import torch
 
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, tracked
 
 # ---- the static check ----------------------------------------------------------------------------------------
 
@@ -102,10 +101,10 @@ def posix_uses(source, filename="<snippet>"):
 def repository_modules():
     """Every .py file outside tests/: the files at the top, the packages' (plumbing, tools, hf, analysis) and the
     presets in config/."""
-    paths = glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "config", "*.py"))
-    for init in glob.glob(os.path.join(ROOT, "*", "__init__.py")):
+    paths = tracked("*.py") + tracked("config/*.py")  # the repository's: a learner's own files are theirs
+    for init in tracked("*/__init__.py"):
         if os.path.basename(os.path.dirname(init)) != "tests":
-            paths += glob.glob(os.path.join(os.path.dirname(init), "*.py"))
+            paths += tracked(os.path.join(os.path.relpath(os.path.dirname(init), ROOT), "*.py"))
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
 

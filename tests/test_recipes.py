@@ -1,6 +1,5 @@
 """The paper recipes in config/ and the table of commands in docs/recipes.md: every command is accepted by its
 script, and every training run sets what its paper did."""
-import glob
 import importlib
 import os
 import re
@@ -15,7 +14,7 @@ from plumbing.options import read_config_file
 import prepare
 import sample
 import train
-from conftest import ROOT
+from conftest import ROOT, tracked
 
 evalpy = importlib.import_module("eval")
 
@@ -96,7 +95,7 @@ def test_the_table_covers_every_paper_and_recipe(commands):
     assert used == set(PAPERS)
     started = {a[a.index("--init_from") + 1] for _, script, a, _ in commands if "--init_from" in a}
     assert started == set(FINE_TUNING)
-    presets = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.py"))}
+    presets = {os.path.basename(p)[:-3] for p in tracked("config/*.py")}
     assert used <= presets and len(presets) <= 10
 
 
