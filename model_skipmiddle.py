@@ -565,8 +565,7 @@ def run_block(block, x, g, cos, sin, cache, input_pos):
 
 
 def first_closed(gates):
-    """The first index l whose gate gates[l] (B, 1), block l+1's, is 0 in every row, else len(gates): a 0-dim
-    tensor."""
+    """The first index l whose gate gates[l] (B, 1), block l+1's, is 0 in every row, else len(gates): a 0-dim tensor."""
     still_open = torch.stack([(g > 0).any() for g in gates])  # (len(gates),)
     return still_open.long().cumprod(0).sum()
 
