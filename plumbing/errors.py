@@ -164,13 +164,23 @@ def main_boundary(main, memory_fix="use a smaller batch or model, or a device wi
         fail(line, every_rank=isinstance(e, PeerLost))
 
 
+def interrupted(e):
+    """Whether e is a Ctrl-C, or an error raised while one unwound: a library's cleanup that fails half-way (torch.save
+    closing a file cut short) hides the KeyboardInterrupt in its __context__."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__context__
+    return False
+
+
 def error_line(e, memory_fix):
     """The one line a script ends in for e, None for a bug; a closed pipe (the reader went away) ends quietly, as
     cat does."""
     if isinstance(e, BrokenPipeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE if hasattr(signal, "SIGPIPE") else 1)  # (Windows has no SIGPIPE)
-    if isinstance(e, KeyboardInterrupt):
+    if interrupted(e) and not isinstance(e, (ConfigError, RunError)):  # (a run's own line says where it stopped)
         return "interrupted; nothing was lost that had been saved"
     size = allocation_failure(e)
     if not isinstance(e, (ConfigError, RunError, OSError)) and size is None:
@@ -223,7 +233,7 @@ def stopped(error, iter_num, saved_step, cfg, proc):
     other error as it is."""
     again = "continue with --resume" if saved_step is not None else "run the same command again"
     what = kept(saved_step, cfg.out_dir)
-    if isinstance(error, KeyboardInterrupt):
+    if interrupted(error):
         return Interrupted(f"interrupted at step {iter_num}; {what}; {again}")
     if isinstance(error, OSError):
         return RunError(f"{os_error_line(error).rsplit(', then', 1)[0]}; stopped at step {iter_num}; {what}")
