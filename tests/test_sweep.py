@@ -111,6 +111,9 @@ def test_a_learners_sweep_trains_into_their_folder_and_says_so(small_data, tmp_p
             "--train_iters=2", "--seeds=1", "--eval_points=1", f"--data_dir={small_data}", "--n_layer=2",
             "--train_args=--eval_iters=1", "--update_readme"]
     sweep.main(argv)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("done in ") and last.endswith(": 2 runs trained by this command; the table: "
+                                                         f"{os.path.join('out', 'sweep', 'RESULTS.md')}"), last
     table = open(tmp_path / "out" / "sweep" / "RESULTS.md").read()
     assert "| trained | 2 by this command, on CPU (" in table and "earlier" not in table and "copied" not in table
     runs = json.load(open(tmp_path / "out" / "sweep" / "results.json"))["runs"]

@@ -39,6 +39,7 @@ if __package__ in (None, ""):  # run as a file: the modules it imports are at th
 from analysis.figures import import_pyplot, save_png
 from common import DTYPES, SIZES, autocast, model_from_checkpoint, paper, resolve_device
 from plumbing.config import check_record, load_model_module, model_names, option
+from plumbing.console import duration
 from plumbing.errors import ConfigError, Interrupted, handling, main_boundary, printable
 from plumbing.files import (LogRecord, held, let_go, open_split, parse_json, read_checkpoint, read_meta, read_text,
                             regular_file, write_json, written)
@@ -306,7 +307,9 @@ def plan(sweep, shape, args, device, dtype, meta):
 def run_sweeps(sweeps, header, args, device, meta, argv):
     """Train what the sweeps' results do not hold, seed by seed and sweep by sweep within a seed (so that paired
     differences come early and every sweep gets its first seed first). After every run, rewrite that sweep's
-    results.json and table; after each seed of a sweep, its figure. Returns the last sweep's summary rows."""
+    results.json and table; after each seed of a sweep, its figure. The last line: the wall time and the tables.
+    Returns the last sweep's summary rows."""
+    began = time.perf_counter()
     known = {}  # every run on record by key: --reuse files, then each sweep's own results.json
     for path in [p for p in args.reuse.split(",") if p] + [os.path.join(s["results"], "results.json") for s in sweeps]:
         known.update(saved_runs(path))
@@ -342,6 +345,9 @@ def run_sweeps(sweeps, header, args, device, meta, argv):
               "from here", file=sys.stderr)
     for s in sweeps:  # every sweep's table and figure; the last one's rows
         rows = report(s, header, args, argv, trained, figure=s["results"] in stale, final=True)
+    tables = ", ".join(printable(os.path.join(s["results"], "RESULTS.md")) for s in sweeps)
+    print(f"done in {duration(time.perf_counter() - began)}: {len(trained)} runs trained by this command; the "
+          f"table{'s' if len(sweeps) > 1 else ''}: {tables}")
     return rows
 
 
