@@ -78,7 +78,7 @@ class DynamicDense(nn.Module):
         if self.w1 is None:  # static: the same weights for every token
             return a.expand(*x.shape[:-1], *a.shape)
         xf = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.size(-1),), eps=self.eps).type_as(x)
-        dw = self.w2(F.gelu(self.w1(xf)))                   # (B, T, C (i + 2)): stream c's weights, then the next's
+        dw = self.w2(F.gelu(self.w1(xf)))  # (B, T, C (i + 2)): stream c's weights, then the next stream's
         return dw.view(*x.shape[:-1], self.C, -1) + a  # (B, T, C, i + 2)
 
 
@@ -139,7 +139,6 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(normed, cos, sin, cache, input_pos))
         x = x + self.drop(self.mlp(self.mlp_norm(x)))
         return x
-
 
 
 class GPT(nn.Module):
