@@ -69,15 +69,15 @@ def tokens_per_step(folder):
 
 
 def smoothed(points, n=SMOOTH):
-    """(step, tokens, loss) points with each loss the mean of it and up to n - 1 records before it: the per-batch
-    loss jumps from batch to batch, and a mean shows its trend."""
-    losses = [v for _, _, v in points]
-    return [(s, t, sum(losses[max(0, i - n + 1):i + 1]) / len(losses[max(0, i - n + 1):i + 1]))
-            for i, (s, t, _) in enumerate(points)]
+    """(step, tokens, loss) points with each loss the mean of the n records centred on it (fewer at the ends): the
+    per-batch loss jumps from batch to batch, and the mean shows its trend without lagging behind it."""
+    losses, half = [v for _, _, v in points], n // 2
+    window = [losses[max(0, i - half):i + half + 1] for i in range(len(losses))]
+    return [(s, t, sum(w) / len(w)) for (s, t, _), w in zip(points, window)]
 
 
 def plot_curves(plt, runs, path, share=0.4):
-    """The training loss (a thin, pale line under the rest: the mean of each record and the SMOOTH - 1 before it)
+    """The training loss (a thin, pale line under the rest: the mean of the SMOOTH records centred on each)
     and validation loss (its evaluations as dots,
     unjoined: a straight line between sparse evaluations would lie above the curve, and a run evaluated less often
     would look worse) of every run, one colour per run, against tokens seen as the logs record them, or against

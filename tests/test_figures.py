@@ -245,8 +245,9 @@ def test_curves_of_two_runs(plt, runs, tmp_path, capsys):
     train, val = ax.lines[2], ax.lines[3]  # the vertical run's, in its own colour
     assert list(val.get_xdata()) == [0, 10 * 128, 20 * 128]  # steps x 4 windows x 32 tokens
     assert list(train.get_xdata()) == [s * 128 for s in (5, 10, 15, 20)]
-    losses = [v for _, _, v in logs[1]["train"]]  # each drawn point the mean of its record and those before it
-    assert list(train.get_ydata()) == pytest.approx([sum(losses[:i + 1]) / (i + 1) for i in range(4)])
+    losses = [v for _, _, v in logs[1]["train"]]  # each drawn point the mean of the 5 records centred on it
+    assert list(train.get_ydata()) == pytest.approx([sum(losses[:3]) / 3, sum(losses) / 4, sum(losses) / 4,
+                                                     sum(losses[1:]) / 3])
     assert ax.lines[0].get_color() == ax.lines[1].get_color() != train.get_color() == val.get_color()
     assert train.get_zorder() < val.get_zorder() and train.get_alpha() < 1  # drawn under, pale: the eye goes to val
     # one seed each: the figure and the printout say what the comparison cannot show, in the README's numbers
