@@ -539,7 +539,7 @@ def report(sweep, header, args, argv, trained, figure=False, final=False):
     """Summary rows of the sweep's planned runs on record; writes results.json's header and summary, RESULTS.md,
     with figure its figure, with --update_readme its copy in README.md or docs/, and with final prints the table.
     While no planned run is on record, RESULTS.md (and its copy) only say so. trained: the keys of the runs this
-    command trained, which the table names with this machine. Returns the rows."""
+    command trained, which the table names with their machine. Returns the rows."""
     json_path = os.path.join(sweep["results"], "results.json")
     configs = point_configs(sweep, header)
     models = {label: name for label, name, _ in sweep["points"]}  # in the sweep's label order
@@ -596,7 +596,7 @@ def results_table(sweep, rows, runs, header, n_planned, trained):
         f"| train.py options | `{header['train_args']}` |",
     ] + ([
         f"| runs | {len(runs)} run{'s' if len(runs) > 1 else ''}, {hours:.2f} hours of training in all{cost(runs)} |",
-        f"| trained | {provenance(runs, trained, header)} |",
+        f"| trained | {provenance(runs, trained)} |",
         f"| val loss | over the whole validation split of {header['val_split']:,} tokens ({runs[0]['val_tokens']:,} "
         "predicted, each from the tokens before it), mean ± std over seeds |",
         f"| Δ | the mean of the same-seed differences to {reference} ± its standard error; **bold** where "
@@ -637,7 +637,7 @@ def cost(runs):
             f"{len(timed)} that record it)") if timed else ""
 
 
-def provenance(runs, trained, header):
+def provenance(runs, trained):
     """Which runs this command trained, on this machine, and where the others come from: an earlier command (on the
     machine each records, where it does) or another results.json (--reuse)."""
     here = [r for r in runs if r["key"] in trained]
@@ -647,7 +647,7 @@ def provenance(runs, trained, header):
         if r["key"] not in trained and not r.get("reused"):
             where = r.get("machine", "a machine it does not record")
             earlier[where] = earlier.get(where, 0) + 1
-    parts = [f"{len(here)} by this command, on {machine(header)}" if here else "none by this command"]
+    parts = [f"{len(here)} by this command, on {here[0]['machine']}" if here else "none by this command"]
     parts += [f"{n} by an earlier command, on {where}" for where, n in earlier.items()]
     return "; ".join(parts + ([f"{len(copied)} copied from other results under the same key"] if copied else []))
 
