@@ -219,7 +219,8 @@ class GPT(nn.Module):
         c, embed = self.config, self.config.value_mode == "embed"
         valid = torch.ones(c.n_layer, 2, dtype=torch.bool)
         valid[:, 1] = torch.tensor([has_ve(i, c.n_layer) if embed else i > 0 for i in range(c.n_layer)])
-        start = torch.tensor([[1.0, 1.5 if embed else 0.5 if i else 0.0] for i in range(c.n_layer)])
+        start = torch.tensor([[1.0, 0.0] if not valid[i, 1] else [1.0, 1.5] if embed else [0.5, 0.5]
+                              for i in range(c.n_layer)])
         layout = dict(columns=["own", "table" if embed else "V_1"], valid=valid, cbar="weight (gate: mean over tokens)",
                       xlabel="the block's own values, then " + ("its token table's" if embed else "block 1's"))
         if c.value_mode != "resformer":  # resformer's weights are fixed: nothing to learn

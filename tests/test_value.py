@@ -195,6 +195,11 @@ def test_nanochat_placement_and_inits():
 
 def test_depth_map_and_stats_read_the_weights():
     idx = tokens()
+    for mode in ("learned", "embed"):  # a learned map starts at its layout's start (the gates within rounding)
+        model = build(value_mode=mode)
+        layout = model.depth_map_layout()
+        assert (model.depth_map(idx) - layout["start"]).abs().max() < (0.05 if mode == "embed" else 1e-6), mode
+    assert "start" not in build().depth_map_layout()  # resformer's weights are fixed
     assert build().depth_map(idx)[1:].tolist() == [[0.5, 0.5]] * (SMALL["n_layer"] - 1)
     learned = randomise(build(value_mode="learned"))
     lam = torch.tensor([b.attn.lamb.item() for b in learned.blocks[1:]])
