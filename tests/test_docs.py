@@ -242,8 +242,8 @@ def stated(pattern, text):
 def test_the_readme_states_what_its_files_hold():
     """Every number the README states about runs is the one its files hold: the quick start's budget is train.py's and
     model_vanilla.py's defaults, its time and loss are those of the run recorded in results/quickstart/ (the quick
-    start's train.py command, its log.jsonl and what it printed), and the Results' budget and losses are
-    results/results.json's."""
+    start's train.py command, its log.jsonl and what it printed), the comparison's runs and time (to the minute)
+    those its sweep printed in results/compare/, and the Results' budget and losses are results/results.json's."""
     import train
     import model_vanilla
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -264,6 +264,13 @@ def test_the_readme_states_what_its_files_hold():
     assert stated(r"about (\d+) minutes on 2 CPU cores", quick) == [round(h * 60 + m + s / 60)]
     loss = round(log[-1]["val_loss"], 2)
     assert stated(r"validation loss of about (\d+(?:\.\d+)?)", quick) == [loss]
+    # the comparison's sweep: its time as its own command printed it, in results/compare/
+    printed = open(os.path.join(ROOT, "results", "compare", "printed.txt"), encoding="utf-8").read()
+    done = re.search(r"done in (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?: (\d+) runs trained by this command", printed)
+    h, m, s, runs = (int(g or 0) for g in done.groups())
+    command = "python -m tools.sweep --runs vanilla,vertical --seeds 3"
+    assert re.search(re.escape(command) + r" +# ", quick) and f"| command | `{command}` |" in printed
+    assert stated(r"# (\d+) runs: about (\d+) minutes on 2 CPU cores", quick) == [runs, round(h * 60 + m + s / 60)]
     # the sweep's budget, and how it compares
     saved = json.load(open(os.path.join(ROOT, "results", "results.json"), encoding="utf-8"))
     steps, batch, T, swept = stated(r"([\d,]+) steps of (\d+) x (\d+) tokens, ([\d,]+) tokens", results)
